@@ -1,0 +1,50 @@
+"""``dkernel`` command line: ingest / fit / predict / transform / evaluate / info / demo / bench.
+
+Errors print one line on stderr and exit non-zero; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# One module per command family; each exposes register(subparsers).
+_COMMANDS = ("ingest", "fit", "predict", "info", "demo", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dkernel import __version__
+
+    parser = argparse.ArgumentParser(prog="dkernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dkernel {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"dkernel.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"dkernel.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+        return int(result or 0)
+    except KeyboardInterrupt:
+        print("dkernel: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line for people; --debug for developers
+        if args.debug:
+            raise
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"dkernel: error: {msg}", file=sys.stderr)
+        return 1

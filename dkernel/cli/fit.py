@@ -1,0 +1,84 @@
+"""``dkernel fit STORE --solver S --out MODEL``: train and save a model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable
+
+from dkernel.cli.common import add_cluster_args, bandwidth_arg
+
+
+def _build_dsg(args: argparse.Namespace) -> Any:
+    from dkernel import DSGClassifier, DSGRegressor
+
+    cls = DSGClassifier if args.task == "classification" else DSGRegressor
+    kw = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
+    for flag, param in (("features", "n_features"), ("epochs", "n_epochs"), ("batch_size", "batch_size"),
+                        ("alpha", "alpha"), ("loss", "loss"), ("block_size", "block_size"),
+                        ("step_size", "step_size"), ("step_decay", "step_decay"), ("lanes", "lanes")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[param] = value
+    return cls(**kw)
+
+
+#: solver name -> builder(args) returning an unfitted estimator.
+SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fit", help="train a model on a dataset store",
+                       description="Train a model on a zarr dataset store and save it (atomically).")
+    p.add_argument("store", help="dataset store (zarr group with X and y)")
+    p.add_argument("--solver", default="dsg", help=f"algorithm: {', '.join(sorted(SOLVERS))}")
+    p.add_argument("--task", choices=("classification", "regression"), default="classification")
+    p.add_argument("--kernel", default="gaussian", help="gaussian, laplacian or cauchy")
+    p.add_argument("--bandwidth", type=bandwidth_arg, default="auto", help="number or 'auto'")
+    p.add_argument("--features", type=int, help="n_features: random features D")
+    p.add_argument("--centers", type=int, help="n_centers: kernel centers p (EigenPro kernel form)")
+    p.add_argument("--components", type=int, help="n_components k (kpca, kcca, oja)")
+    p.add_argument("--epochs", type=int, help="n_epochs")
+    p.add_argument("--batch-size", dest="batch_size", type=int)
+    p.add_argument("--alpha", type=float, help="regularisation strength")
+    p.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
+    p.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
+    p.add_argument("--step-size", dest="step_size", type=float)
+    p.add_argument("--step-decay", dest="step_decay", type=float)
+    p.add_argument("--lanes", type=int, help="chunks that share one step")
+    p.add_argument("--seed", type=int, default=0, help="random_state")
+    p.add_argument("--out", required=True, help="model file to write (.npz)")
+    p.add_argument("--checkpoint", help="checkpoint file (default: OUT.ckpt.npz)")
+    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
+                   help="write a checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_cluster_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dkernel.data import open_dataset
+    from dkernel.engine import connect
+
+    if args.solver not in SOLVERS:
+        raise ValueError(f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}")
+    if os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as model.npz")
+    est = SOLVERS[args.solver](args)
+    checkpoint = args.checkpoint or (args.out + ".ckpt.npz")
+    if args.checkpoint_every or args.resume:
+        est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume)
+    if "verbose" in est.get_params():
+        est.set_params(verbose=not args.quiet)
+    open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
+    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+        est.set_params(client=client)
+        est.fit(args.store)
+    est.set_params(client=None)
+    est.save(args.out)
+    if os.path.exists(checkpoint):
+        os.unlink(checkpoint)
+    print(f"saved {type(est).__name__} to {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,88 @@
+"""``dkernel predict`` / ``transform`` / ``evaluate``: apply a saved model to a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from dkernel.cli.common import add_cluster_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for name, helptext in (("predict", "write predictions of MODEL on STORE to a zarr store"),
+                           ("transform", "write the projections of MODEL on STORE to a zarr store")):
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("model")
+        p.add_argument("store")
+        p.add_argument("--out", required=True, help="output zarr store")
+        p.add_argument("--overwrite", action="store_true")
+        add_cluster_args(p)
+        p.set_defaults(func=run_apply, method=name)
+    p = sub.add_parser("evaluate", help="print metrics of MODEL on a labelled STORE")
+    p.add_argument("model")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_cluster_args(p)
+    p.set_defaults(func=run_evaluate)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    import dask.array as da
+
+    from dkernel.data import open_dataset
+    from dkernel.data.store import atomic_store, create_array
+    from dkernel.engine import connect
+    from dkernel.io import load_model
+
+    model = load_model(args.model)
+    if not hasattr(model, args.method):
+        raise ValueError(f"{type(model).__name__} has no {args.method}; use "
+                         f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'")
+    data = open_dataset(args.store)
+    with connect(scheduler=args.scheduler, n_workers=args.workers):
+        out = getattr(model, args.method)(data.X)
+        if isinstance(out, tuple):
+            raise ValueError(f"{type(model).__name__}.{args.method} needs both views; use the Python API")
+        name = "y_pred" if args.method == "predict" else "Z"
+        with atomic_store(args.out, overwrite=args.overwrite) as group:
+            arr = create_array(group, name, tuple(int(s) for s in out.shape), out.dtype,
+                               int(data.X.chunks[0][0]))
+            da.store(out.rechunk(arr.chunks), arr, lock=False)
+    print(f"wrote {name} {tuple(out.shape)} to {args.out}")
+    return 0
+
+
+def metrics(model: Any, X: Any, y: Any) -> dict[str, float]:
+    import dask.array as da
+
+    if hasattr(model, "classes_"):
+        pred = model.predict(X)
+        acc = (pred == y.reshape(-1)).mean()
+        return {"accuracy": float(da.compute(acc)[0])}
+    pred = model.predict(X)
+    yv = y.astype(np.float64)
+    yv = yv.reshape(pred.shape)
+    mse = ((pred - yv) ** 2).mean()
+    var = ((yv - yv.mean(axis=0)) ** 2).mean()
+    mse, var = da.compute(mse, var)
+    return {"mse": float(mse), "r2": float(1 - mse / var)}
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from dkernel.data import open_dataset
+    from dkernel.engine import connect
+    from dkernel.io import load_model
+
+    model = load_model(args.model)
+    data = open_dataset(args.store, require_y=True)
+    with connect(scheduler=args.scheduler, n_workers=args.workers):
+        result = metrics(model, data.X, data.y)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v:.6g}")
+    return 0

@@ -1,0 +1,179 @@
+"""Open X / y from NumPy, dask or zarr (path or fsspec URL) and validate shapes."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from dkernel.data.validate import check_finite_chunk, check_numeric_dtype
+
+# Default row-chunk size for in-memory input: ~32 MB per chunk keeps tasks
+# coarse enough to amortise scheduling yet far below worker memory.
+_CHUNK_BYTES = 32 * 2**20
+
+
+@dataclass
+class Dataset:
+    """Row-chunked X (n x d) and optional y with the same row chunks."""
+
+    X: da.Array
+    y: da.Array | None = None
+    source: str = "array"
+    #: The NumPy arrays behind X / y when the input was in memory: the engine
+    #: scatters their chunks to the workers once instead of re-sending a graph
+    #: that embeds the whole array.
+    host: tuple[np.ndarray, np.ndarray | None] | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_inputs(self) -> int:
+        return int(self.X.shape[1])
+
+    @property
+    def row_chunks(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.X.chunks[0])
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.X.chunks[0])
+
+    def row_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.row_chunks)])
+
+
+def _open_zarr_group(url: str, storage_options: dict | None):
+    import zarr
+
+    if "://" not in url and not os.path.exists(url):
+        raise FileNotFoundError(
+            f"no dataset store at {url!r}: the path does not exist; create one with "
+            "'dkernel ingest' or check the path"
+        )
+    try:
+        return zarr.open_group(url, mode="r", storage_options=storage_options)
+    except Exception as exc:  # zarr raises several types for "not a group here"
+        raise FileNotFoundError(
+            f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
+            "a store is a zarr group holding arrays 'X' and optionally 'y'"
+        ) from None
+
+
+def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
+    """``a`` as a dask array chunked by rows only (columns in one chunk)."""
+    if isinstance(a, da.Array):
+        arr = a
+        if arr.ndim == 2 and len(arr.chunks[1]) > 1:
+            arr = arr.rechunk({1: -1})
+        if chunk_rows is not None:
+            arr = arr.rechunk({0: chunk_rows})
+        return arr
+    if hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.ndarray) \
+            and type(a).__module__.startswith("zarr"):
+        arr = da.from_zarr(a)
+        return as_dask_rows(arr, name, chunk_rows)
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a)
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise TypeError(f"{name} must be a NumPy/dask/zarr array or a store path, got {type(a).__name__}")
+    if chunk_rows is None:
+        row_bytes = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize)
+        chunk_rows = max(1, min(max(1, a.shape[0]), _CHUNK_BYTES // row_bytes))
+    chunks = (chunk_rows,) + tuple(-1 for _ in a.shape[1:])
+    return da.from_array(a, chunks=chunks)
+
+
+def open_dataset(
+    X: Any,
+    y: Any = None,
+    *,
+    require_y: bool = False,
+    chunk_rows: int | None = None,
+    storage_options: dict | None = None,
+) -> Dataset:
+    """Open and validate a dataset; nothing is computed except for in-memory input.
+
+    Parameters
+    ----------
+    X : str, os.PathLike, numpy.ndarray, dask.array.Array or zarr.Array
+        A path / fsspec URL of a zarr group holding ``X`` (and ``y``), or the
+        feature matrix itself (n x d).
+    y : array-like, optional
+        Targets with the same number of rows and row chunks as X.  When X is a
+        store and y is None, the store's ``y`` is used if present.
+    require_y : bool
+        Raise if no targets are found (fitting a supervised model).
+    chunk_rows : int, optional
+        Row-chunk size for in-memory input (default ~32 MB per chunk).
+
+    Raises
+    ------
+    FileNotFoundError, TypeError, ValueError
+        With a message naming the problem: missing store, non-numeric dtype,
+        wrong dimensionality, empty data, X/y row or chunk mismatch, and (for
+        NumPy input, checked at once) NaN / infinity.
+    """
+    source = "array"
+    if isinstance(X, (str, os.PathLike)):
+        source = os.fspath(X)
+        group = _open_zarr_group(source, storage_options)
+        if "X" not in group:
+            raise ValueError(f"store {source!r} has no array 'X' (found: {sorted(group.keys())})")
+        Xa = da.from_zarr(group["X"])
+        if y is None and "y" in group:
+            y = da.from_zarr(group["y"])
+        X = Xa
+    in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
+    if isinstance(X, (list, tuple)):
+        X = np.asarray(X)
+    if not hasattr(X, "ndim"):
+        raise TypeError(f"X must be an array or a store path, got {type(X).__name__}")
+    if X.ndim != 2:
+        hint = " (reshape a single feature with X.reshape(-1, 1))" if X.ndim == 1 else ""
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}{hint}")
+    check_numeric_dtype(np.dtype(X.dtype), "X")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"X is empty (shape {X.shape}); a dataset needs at least one row and column")
+    if in_memory:
+        check_finite_chunk(np.asarray(X), "X", 0)
+    Xd = as_dask_rows(X, "X", chunk_rows)
+    yd = None
+    if y is not None:
+        y_in_memory = isinstance(y, (np.ndarray, list, tuple))
+        if isinstance(y, (list, tuple)):
+            y = np.asarray(y)
+        if y.ndim not in (1, 2):
+            raise ValueError(f"y must be 1-D or 2-D, got shape {y.shape}")
+        check_numeric_dtype(np.dtype(y.dtype), "y")
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(
+                f"y has {y.shape[0]} rows but X has {X.shape[0]}; they must describe the same samples"
+            )
+        if y_in_memory:
+            check_finite_chunk(np.asarray(y), "y", 0)
+            yd = da.from_array(np.asarray(y), chunks=(Xd.chunks[0],) + tuple(-1 for _ in y.shape[1:]))
+        else:
+            yd = as_dask_rows(y, "y")
+            if tuple(yd.chunks[0]) != tuple(Xd.chunks[0]):
+                raise ValueError(
+                    f"X and y have different row chunks ({_short(Xd.chunks[0])} vs "
+                    f"{_short(yd.chunks[0])}); rechunk y with y.rechunk({{0: X.chunks[0]}}) "
+                    "or re-ingest both from one source"
+                )
+    elif require_y:
+        raise ValueError(f"no targets: pass y, or use a store with an array 'y' ({source})")
+    host = None
+    if in_memory and (y is None or isinstance(y, np.ndarray)):
+        host = (np.asarray(X), None if y is None else np.asarray(y))
+    return Dataset(Xd, yd, source, host)
+
+
+def _short(chunks: tuple) -> str:
+    c = tuple(int(v) for v in chunks)
+    return str(c) if len(c) <= 6 else f"({c[0]}, {c[1]}, ..., {c[-1]}; {len(c)} chunks)"

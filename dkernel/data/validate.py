@@ -1,0 +1,50 @@
+"""Input checks that run before (or, for NaN/inf, during the first pass of) any work.
+
+Every message names the offending input and says how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dkernel.backend import namespace, to_numpy
+
+
+def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
+    if dtype == bool:
+        return
+    if not np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.complexfloating):
+        raise TypeError(
+            f"{name} has dtype {dtype}, which is not real numeric; convert it to "
+            "float32 (e.g. encode categorical columns) before fitting"
+        )
+
+
+def check_finite_chunk(block: Any, name: str, row_offset: int) -> None:
+    """Raise if a chunk holds NaN or infinity, naming the first bad global row."""
+    xp = namespace(block)
+    if block.dtype.kind != "f":
+        return
+    finite = xp.isfinite(block)
+    if finite.all():
+        return
+    rows = to_numpy(~finite.reshape(block.shape[0], -1).all(axis=1)).nonzero()[0]
+    raise ValueError(
+        f"{name} contains NaN or infinity in {rows.size} row(s) of the chunk starting at "
+        f"row {row_offset} (first bad row: {row_offset + int(rows[0])}); "
+        f"drop or impute those rows before fitting"
+    )
+
+
+def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False) -> None:
+    """Hyper-parameter check with a message that names the parameter."""
+    ok_type = isinstance(value, (int, np.integer)) if integer else isinstance(
+        value, (int, float, np.integer, np.floating))
+    if isinstance(value, bool) or not ok_type:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")

@@ -1,0 +1,60 @@
+"""Atomic checkpoints of a solver's state and resume with a compatibility check."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from dkernel.io import read_npz, write_npz_atomic
+
+
+def split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays go to the npz, JSON-able scalars to the metadata."""
+    arrays, scalars = {}, {}
+    for k, v in state.items():
+        if isinstance(v, np.ndarray):
+            arrays[k] = v
+        elif isinstance(v, np.generic):
+            scalars[k] = v.item()
+        else:
+            scalars[k] = v
+    return arrays, scalars
+
+
+class Checkpointer:
+    """Writes ``state`` every ``every`` steps to ``path``; reads it back on resume."""
+
+    def __init__(self, path: str | os.PathLike | None, every: int, fingerprint: dict) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self.every = int(every or 0)
+        self.fingerprint = fingerprint
+
+    def due(self, step: int) -> bool:
+        return self.path is not None and self.every > 0 and step % self.every == 0
+
+    def save(self, state: dict[str, Any], step: int) -> None:
+        arrays, scalars = split_state(state)
+        write_npz_atomic(self.path, arrays, {"kind": "checkpoint", "step": step,
+                                             "fingerprint": self.fingerprint, "scalars": scalars})
+
+    def load(self) -> tuple[dict[str, Any], int] | None:
+        """(state, step) of an existing compatible checkpoint, or None if there is none."""
+        if self.path is None or not os.path.exists(self.path):
+            return None
+        arrays, meta = read_npz(self.path)
+        if meta.get("kind") != "checkpoint":
+            raise ValueError(f"{self.path!r} is not a checkpoint")
+        old = meta["fingerprint"]
+        if old != self.fingerprint:
+            diff = sorted(k for k in set(old) | set(self.fingerprint) if old.get(k) != self.fingerprint.get(k))
+            raise ValueError(
+                f"checkpoint {self.path!r} belongs to a different fit (differs in: {', '.join(diff)}); "
+                "resume with the same data and settings, or delete the checkpoint to start over"
+            )
+        return {**arrays, **meta["scalars"]}, int(meta["step"])
+
+    def remove(self) -> None:
+        if self.path is not None and os.path.exists(self.path):
+            os.unlink(self.path)

@@ -1,0 +1,292 @@
+"""The coordinator loop (DESIGN.md section 1), written once for every solver.
+
+``run_steps``   synchronous data-parallel mini-batch steps: each step's rows
+                are spread over ``lanes`` chunks; workers compute partial
+                results on rows they hold; the coordinator sums them in a
+                fixed order and applies the solver's update.
+``map_reduce``  one pass over every chunk summing a state-free partial result
+                (moments, Gram matrices, randomized-SVD products).
+``scan``        one pass threading a small state through the chunks in order:
+                a state-independent ``prepare`` per chunk runs in parallel on
+                the workers, the cheap ``fold`` is chained chunk after chunk
+                (blocked exact updates of Oja's rule and spherical SGD).
+
+Chunks are loaded once per group (a chunk is read once per epoch), the next
+group is prefetched while the current one trains, and in-memory input is
+scattered to the workers once per fit.  Checkpoints are atomic and a resumed
+fit replays the same plan, so it ends with the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import dask
+import numpy as np
+from distributed import Client, Future
+
+from dkernel.data.dataset import Dataset
+from dkernel.data.plan import ChunkPlan
+from dkernel.data.validate import check_finite_chunk
+from dkernel.engine.checkpoint import Checkpointer
+from dkernel.engine.program import StepProgram
+from dkernel.engine.progress import Progress
+
+
+@dataclass
+class EngineOptions:
+    """Every tuning knob of the coordinator loop, with its default.
+
+    lanes : int
+        Chunks that share one mini-batch (the parallel width of a step).  The
+        model depends on it, not on the worker count; more lanes let more
+        workers share a step.
+    checkpoint : str, optional
+        Checkpoint file (``.npz``); None disables checkpointing.
+    checkpoint_every : int
+        Steps between checkpoints (0: never).
+    resume : bool
+        Continue from ``checkpoint`` if it exists.
+    progress : bool
+        Print a progress line on stderr.
+    dtype : str
+        Dtype X chunks are converted to on the workers.
+    """
+
+    lanes: int = 4
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    progress: bool = False
+    dtype: str = "float32"
+
+
+def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> tuple[Any, Any]:
+    if validate:
+        check_finite_chunk(X, "X", row_offset)
+        if y is not None:
+            check_finite_chunk(y, "y", row_offset)
+    return X.astype(dtype, copy=False), y
+
+
+def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None) -> dict:
+    X, y = chunk
+    if rows is not None:
+        X = X[rows]
+        y = None if y is None else y[rows]
+    return fn(payload, X, y)
+
+
+def _add(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
+
+
+def tree_sum(client: Client, parts: list[Future]) -> dict:
+    """Sum dict-valued futures with a fixed pairing, so the result is the same
+    floating-point number on any cluster; small fan-ins are gathered directly."""
+    if len(parts) <= 8:
+        vals = client.gather(parts)
+        out = vals[0]
+        for v in vals[1:]:
+            out = _add(out, v)
+        return out
+    while len(parts) > 1:
+        nxt = [client.submit(_add, parts[i], parts[i + 1], pure=False) for i in range(0, len(parts) - 1, 2)]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts = nxt
+    return parts[0].result()
+
+
+class _ChunkSource:
+    """Futures of (X_chunk, y_chunk) on the workers."""
+
+    def __init__(self, client: Client, data: Dataset, dtype: str) -> None:
+        self.client, self.data, self.dtype = client, data, dtype
+        self.offsets = data.row_offsets()
+        self._resident: dict[int, Future] | None = None
+        self._validated: set[int] = set()
+
+    def _scatter_all(self) -> None:
+        Xh, yh = self.data.host
+        parts = [(Xh[a:b].astype(self.dtype, copy=False), None if yh is None else yh[a:b])
+                 for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+        futs = self.client.scatter(parts, hash=False)
+        self._resident = dict(enumerate(futs))
+
+    def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
+        if self.data.host is not None:
+            if self._resident is None:
+                self._scatter_all()
+            return {c: self._resident[c] for c in chunks}
+        out = {}
+        for c in chunks:
+            xb = self.data.X.blocks[c]
+            yb = None if self.data.y is None else self.data.y.blocks[c]
+            # NaN/inf are checked on the worker the first time each chunk is read.
+            validate = c not in self._validated
+            self._validated.add(c)
+            out[c] = self.client.compute(dask.delayed(_load_chunk, pure=False)(
+                xb, yb, int(self.offsets[c]), self.dtype, validate))
+        return out
+
+
+class Engine:
+    """Runs solver programs on a Dask cluster.  See module docstring."""
+
+    def __init__(self, client: Client, options: EngineOptions | None = None) -> None:
+        self.client = client
+        self.options = options or EngineOptions()
+
+    def plan(self, data: Dataset, batch_size: int, random_state: int) -> ChunkPlan:
+        lanes = max(1, min(int(self.options.lanes), data.n_chunks))
+        return ChunkPlan(data.row_chunks, int(batch_size), lanes, int(random_state))
+
+    def run_steps(self, data: Dataset, program: StepProgram, *, n_epochs: int,
+                  batch_size: int, random_state: int,
+                  on_epoch: Callable[[dict, int], None] | None = None) -> dict[str, Any]:
+        """Run ``n_epochs`` of mini-batch steps and return the final state."""
+        opts = self.options
+        plan = self.plan(data, batch_size, random_state)
+        fingerprint = {**program.fingerprint(), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
+                       "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
+                       "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs}
+        ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
+        state, start = program.init_state(), 0
+        if opts.resume:
+            loaded = ckpt.load()
+            if loaded is not None:
+                state, start = loaded
+        per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
+        progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
+        source = _ChunkSource(self.client, data, opts.dtype)
+        step = 0
+        for epoch in range(n_epochs):
+            if step + per_epoch[epoch] <= start:
+                step += per_epoch[epoch]
+                continue
+            groups = [g for g in plan.groups(epoch)]
+            todo, skipped = [], step
+            for g in groups:  # groups fully before the resume point are not loaded
+                if skipped + plan.group_steps(g) <= start:
+                    skipped += plan.group_steps(g)
+                else:
+                    todo.append(g)
+            step = skipped
+            loaded = source.get(todo[0]) if todo else {}
+            for gi, group in enumerate(todo):
+                current = loaded
+                loaded = source.get(todo[gi + 1]) if gi + 1 < len(todo) else {}  # prefetch
+                slices = {c: plan.row_slices(epoch, c) for c in group}
+                for j in range(plan.group_steps(group)):
+                    if step < start:
+                        step += 1
+                        continue
+                    payload = program.payload(state, step)
+                    if _nbytes(payload) > 1 << 16:
+                        payload = self.client.scatter(payload, broadcast=True, hash=False)
+                    futs = [self.client.submit(_run_partial, type(program).partial, payload,
+                                               current[c], slices[c][j], pure=False)
+                            for c in group if j < len(slices[c])]
+                    total = tree_sum(self.client, futs)
+                    state = program.update(state, total, step)
+                    step += 1
+                    if ckpt.due(step):
+                        ckpt.save(state, step)
+                    progress.update(1, epoch=epoch + 1, **program.metrics(total))
+                del current
+            if on_epoch is not None:
+                on_epoch(state, epoch)
+            if program.should_stop(state, epoch):
+                break
+        progress.close()
+        return state
+
+    def map_reduce(self, data: Dataset, fn: Callable, payload: Any = None, *,
+                   label: str = "pass", window: int | None = None) -> dict[str, Any]:
+        """Sum ``fn(payload, X_chunk, y_chunk)`` over every chunk (one read each)."""
+        source = _ChunkSource(self.client, data, self.options.dtype)
+        if _nbytes(payload) > 1 << 16:
+            payload = self.client.scatter(payload, broadcast=True, hash=False)
+        n = data.n_chunks
+        window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+        progress = Progress(n, label, self.options.progress)
+        results: list[Future] = []
+        inflight: list[Future] = []
+        for start in range(0, n, window):
+            ids = tuple(range(start, min(n, start + window)))
+            chunks = source.get(ids)
+            batch = [self.client.submit(_run_partial, fn, payload, chunks[c], None, pure=False)
+                     for c in ids]
+            del chunks
+            # keep at most two windows of chunks alive: wait for the previous one
+            for f in inflight:
+                f.result()
+                progress.update(1)
+            inflight = batch
+            results += batch
+        for f in inflight:
+            f.result()
+            progress.update(1)
+        progress.close()
+        return tree_sum(self.client, results)
+
+    def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
+             payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
+             random_state: int = 0, fingerprint: dict | None = None, label: str = "scan",
+             window: int | None = None) -> Any:
+        """Thread ``state`` through every chunk: ``state = fold(state, prepare(payload, X, y), payload)``.
+
+        ``prepare`` must not depend on the state, so the engine runs it ahead
+        for up to ``window`` chunks in parallel while the folds run in chunk
+        order (the state moves between workers; it should be O(model)).
+        With ``shuffle`` the chunk order is permuted per epoch.  The state is
+        checkpointed every ``checkpoint_every`` chunks and a resumed scan skips
+        the chunks already folded.
+        """
+        opts = self.options
+        plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
+        ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every,
+                            {**(fingerprint or {}), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
+                             "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,
+                             "shuffle": shuffle, "random_state": int(random_state), "scan": label})
+        start = 0
+        if opts.resume:
+            loaded = ckpt.load()
+            if loaded is not None:
+                arrays, start = loaded
+                state = arrays["state"] if set(arrays) == {"state"} else arrays
+        order = [(e, int(c)) for e in range(n_epochs) for c in plan.chunk_order(e)][start:]
+        source = _ChunkSource(self.client, data, opts.dtype)
+        if _nbytes(payload) > 1 << 16:
+            payload = self.client.scatter(payload, broadcast=True, hash=False)
+        window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+        progress = Progress(start + len(order), label, opts.progress, start=start)
+        current: Any = state
+        pending: list[Future] = []
+        for k, (_, c) in enumerate(order):
+            chunk = source.get((c,))[c]
+            prepared = self.client.submit(_run_partial, prepare, payload, chunk, None, pure=False)
+            current = self.client.submit(fold, current, prepared, payload, pure=False)
+            pending.append(current)
+            if len(pending) >= window:  # bound the chunks alive at once
+                pending.pop(0).result()
+            done = start + k + 1
+            if ckpt.due(done):
+                value = current.result()
+                ckpt.save(value if isinstance(value, dict) else {"state": value}, done)
+            progress.update(1)
+        result = current.result() if isinstance(current, Future) else current
+        progress.close()
+        return result
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0

@@ -1,0 +1,50 @@
+"""What a solver hands the engine: the per-chunk math and the update rule."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+#: A partial-result function runs on a worker: ``partial(payload, X, y)``
+#: returns a dict of arrays/numbers that the engine sums over the step's
+#: chunks.  It must be a pure, module-level function (picklable, retry-safe)
+#: and report the number of rows it saw under ``"count"``.
+PartialFn = Callable[[Any, Any, Any], dict[str, Any]]
+
+
+class StepProgram:
+    """One iterative algorithm as the engine sees it.
+
+    Subclasses set :attr:`partial` and implement :meth:`init_state`,
+    :meth:`payload` and :meth:`update`.  ``state`` is a flat dict of NumPy
+    arrays and JSON scalars so that it checkpoints without pickle.
+    """
+
+    partial: PartialFn
+    label: str = "fit"
+
+    def init_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def payload(self, state: dict[str, Any], step: int) -> Any:
+        """What every task of ``step`` receives (coefficients, seeds...)."""
+        raise NotImplementedError
+
+    def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
+        """Coordinator update from the summed partial results of one step."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        """JSON-able settings that a checkpoint must match to be resumed."""
+        return {}
+
+    def metrics(self, total: dict[str, Any]) -> dict[str, float]:
+        """Numbers shown on the progress line (e.g. the mini-batch loss)."""
+        if "loss" in total and total.get("count"):
+            return {"loss": float(np.sum(total["loss"]) / total["count"])}
+        return {}
+
+    def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
+        """Called after each epoch; True ends the fit early (e.g. early stopping)."""
+        return False
