@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster
 @pytest.fixture(scope="session")
 def client():
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=logging.ERROR)
+                           dashboard_address=":0", silence_logs=logging.ERROR)
     c = Client(cluster)
     yield c
     c.close()

@@ -1,4 +1,4 @@
-"""``dkernel`` command line: ingest / fit / predict / transform / evaluate / info / demo / bench.
+"""``dkernel`` command line: ingest / fit / predict / transform / evaluate / info / demo.
 
 Errors print one line on stderr and exit non-zero; ``--debug`` shows the traceback.
 """
@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # One module per command family; each exposes register(subparsers).
-_COMMANDS = ("ingest", "fit", "predict", "info", "demo", "bench")
+_COMMANDS = ("ingest", "fit", "predict", "info", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,13 +21,16 @@ def make_dai_ridge(n: int, d: int = 2, noise: float = 0.1, random_state: int = 0
 
 
 def make_blobs_classification(n: int, d: int = 10, n_classes: int = 3, random_state: int = 0,
-                              dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
-    """Non-linearly separable classes: labels from the sign pattern of a random
-    quadratic form plus a radial term, so a linear model cannot fit them."""
-    rng = np.random.default_rng(random_state)
-    X = rng.standard_normal((n, d))
-    A = rng.standard_normal((n_classes, d))
-    score = np.sin(X @ A.T) + 0.5 * (X[:, : n_classes] ** 2 - 1)
+                              dtype: str = "float32", concept: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Non-linear classes: the argmax of smooth random scores (a sine of a random
+    projection plus a quadratic term), so a linear model cannot fit them.
+
+    ``random_state`` draws the points; ``concept`` draws the labelling rule, so
+    train and test sets made with different ``random_state`` share one rule.
+    """
+    A = np.random.default_rng([concept, 0xC0]).standard_normal((n_classes, d)) / np.sqrt(d)
+    X = np.random.default_rng(random_state).standard_normal((n, d))
+    score = np.sin(2 * X @ A.T) + 0.5 * (X[:, : n_classes] ** 2 - 1)
     y = score.argmax(axis=1)
     return X.astype(dtype), y.astype(np.int64)
 

@@ -45,7 +45,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     except ValueError:
         pass
     cluster = LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                           processes=True, dashboard_address=None, silence_logs=logging.ERROR)
+                           processes=True, dashboard_address=":0", silence_logs=logging.ERROR)
     c = Client(cluster)
     try:
         yield c

@@ -20,6 +20,7 @@ fit replays the same plan, so it ends with the same model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import dask
@@ -184,8 +185,7 @@ class Engine:
                         step += 1
                         continue
                     payload = program.payload(state, step)
-                    if _nbytes(payload) > 1 << 16:
-                        payload = self.client.scatter(payload, broadcast=True, hash=False)
+                    payload = _ship(self.client, payload)
                     futs = [self.client.submit(_run_partial, type(program).partial, payload,
                                                current[c], slices[c][j], pure=False)
                             for c in group if j < len(slices[c])]
@@ -207,8 +207,7 @@ class Engine:
                    label: str = "pass", window: int | None = None) -> dict[str, Any]:
         """Sum ``fn(payload, X_chunk, y_chunk)`` over every chunk (one read each)."""
         source = _ChunkSource(self.client, data, self.options.dtype)
-        if _nbytes(payload) > 1 << 16:
-            payload = self.client.scatter(payload, broadcast=True, hash=False)
+        payload = _ship(self.client, payload)
         n = data.n_chunks
         window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
         progress = Progress(n, label, self.options.progress)
@@ -235,7 +234,7 @@ class Engine:
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
              payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
              random_state: int = 0, fingerprint: dict | None = None, label: str = "scan",
-             window: int | None = None) -> Any:
+             window: int | None = None, pass_start: bool = False) -> Any:
         """Thread ``state`` through every chunk: ``state = fold(state, prepare(payload, X, y), payload)``.
 
         ``prepare`` must not depend on the state, so the engine runs it ahead
@@ -243,7 +242,10 @@ class Engine:
         order (the state moves between workers; it should be O(model)).
         With ``shuffle`` the chunk order is permuted per epoch.  The state is
         checkpointed every ``checkpoint_every`` chunks and a resumed scan skips
-        the chunks already folded.
+        the chunks already folded.  With ``pass_start`` prepare is called as
+        ``prepare(payload, X, y, start=r)``, r the number of rows the scan folds
+        before this chunk (over all epochs), for per-row schedules such as step
+        sizes eta_n or truncation levels L_n.
         """
         opts = self.options
         plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
@@ -257,17 +259,19 @@ class Engine:
             if loaded is not None:
                 arrays, start = loaded
                 state = arrays["state"] if set(arrays) == {"state"} else arrays
-        order = [(e, int(c)) for e in range(n_epochs) for c in plan.chunk_order(e)][start:]
+        full_order = [(e, int(c)) for e in range(n_epochs) for c in plan.chunk_order(e)]
+        rows_before = np.concatenate([[0], np.cumsum([plan.row_chunks[c] for _, c in full_order])])
+        order = full_order[start:]
         source = _ChunkSource(self.client, data, opts.dtype)
-        if _nbytes(payload) > 1 << 16:
-            payload = self.client.scatter(payload, broadcast=True, hash=False)
+        payload = _ship(self.client, payload)
         window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
         progress = Progress(start + len(order), label, opts.progress, start=start)
         current: Any = state
         pending: list[Future] = []
         for k, (_, c) in enumerate(order):
             chunk = source.get((c,))[c]
-            prepared = self.client.submit(_run_partial, prepare, payload, chunk, None, pure=False)
+            fn = partial(prepare, start=int(rows_before[start + k])) if pass_start else prepare
+            prepared = self.client.submit(_run_partial, fn, payload, chunk, None, pure=False)
             current = self.client.submit(fold, current, prepared, payload, pure=False)
             pending.append(current)
             if len(pending) >= window:  # bound the chunks alive at once
@@ -280,6 +284,14 @@ class Engine:
         result = current.result() if isinstance(current, Future) else current
         progress.close()
         return result
+
+
+def _ship(client: Client, payload: Any) -> Any:
+    """Broadcast a large payload to every worker once instead of embedding it in
+    each task (wrapped in a list: scatter would split a dict into keys)."""
+    if _nbytes(payload) <= 1 << 16:
+        return payload
+    return client.scatter([payload], broadcast=True, hash=False)[0]
 
 
 def _nbytes(obj: Any) -> int:

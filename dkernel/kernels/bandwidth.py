@@ -6,10 +6,11 @@ import numpy as np
 
 
 def median_heuristic(sample: np.ndarray, kernel: str) -> float:
-    """Median pairwise distance of ``sample`` (L1 for laplacian, L2 otherwise).
+    """Bandwidth that puts the kernel's exponent at 1 for the median pair of ``sample``.
 
-    The median of non-zero distances is returned so duplicated rows (common in
-    image data) do not drive the bandwidth to zero.
+    gaussian / cauchy: s = median |x - z|_2 / sqrt(2) (so |x - z|^2 / (2 s^2) = 1);
+    laplacian: s = median |x - z|_1.  Only non-zero distances count, so
+    duplicated rows (common in image data) do not drive the bandwidth to zero.
     """
     S = np.asarray(sample, dtype=np.float64)
     if S.shape[0] < 2:
@@ -29,4 +30,5 @@ def median_heuristic(sample: np.ndarray, kernel: str) -> float:
             "bandwidth='auto' failed: all sampled rows of X are identical; "
             "pass a numeric bandwidth"
         )
-    return float(np.median(d))
+    med = float(np.median(d))
+    return med if kernel == "laplacian" else med / np.sqrt(2.0)

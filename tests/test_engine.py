@@ -1,0 +1,106 @@
+"""The coordinator loop: plans, reductions, scans and determinism."""
+
+from __future__ import annotations
+
+import logging
+
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dkernel import DSGClassifier
+from dkernel.data import ChunkPlan, open_dataset
+from dkernel.datasets import make_blobs_classification
+from dkernel.engine import Engine, EngineOptions
+
+
+def test_every_row_is_used_exactly_once_per_epoch_and_order_changes_between_epochs():
+    plan = ChunkPlan((100, 100, 100, 37), batch_size=64, lanes=2, random_state=3)
+    offsets = np.concatenate([[0], np.cumsum(plan.row_chunks)])
+    seen = []
+    for epoch in (0, 1):
+        rows = []
+        for group in plan.groups(epoch):
+            for c in group:
+                for sl in plan.row_slices(epoch, c):
+                    assert len(sl) <= plan.per_lane
+                    rows.extend(offsets[c] + sl)
+        assert sorted(rows) == list(range(337))
+        seen.append(rows)
+    assert seen[0] != seen[1]
+
+
+def test_plan_depends_on_lanes_not_on_workers():
+    a = ChunkPlan((50,) * 6, 40, 3, 7)
+    b = ChunkPlan((50,) * 6, 40, 3, 7)
+    assert a.groups(2) == b.groups(2)
+    assert all(np.array_equal(x, y) for x, y in zip(a.row_slices(2, 4), b.row_slices(2, 4)))
+
+
+def _moments(payload, X, y):
+    return {"s": X.sum(axis=0).astype(np.float64), "ss": (X.astype(np.float64) ** 2).sum(), "count": X.shape[0]}
+
+
+def test_map_reduce_sums_over_every_chunk_on_the_workers(client):
+    X = np.random.default_rng(0).standard_normal((1000, 3)).astype(np.float32)
+    data = open_dataset(da.from_array(X, chunks=(128, 3)))
+    out = Engine(client).map_reduce(data, _moments)
+    assert out["count"] == 1000
+    np.testing.assert_allclose(out["s"], X.astype(np.float64).sum(axis=0), rtol=1e-5)
+
+
+def _prepare_rows(payload, X, y):
+    return X[:, 0].astype(np.float64)
+
+
+def _fold_append(state, prepared, payload):
+    # order-sensitive fold: a polynomial hash of the sequence of values
+    return {"h": state["h"] * 1.0001 + prepared.sum(), "n": state["n"] + prepared.size}
+
+
+def test_scan_threads_state_through_chunks_in_order(client):
+    X = np.arange(600, dtype=np.float32).reshape(-1, 1)
+    data = open_dataset(da.from_array(X, chunks=(100, 1)))
+    out = Engine(client).scan(data, _prepare_rows, _fold_append, {"h": 0.0, "n": 0})
+    expect = 0.0
+    for c in range(6):
+        expect = expect * 1.0001 + X[c * 100:(c + 1) * 100, 0].astype(np.float64).sum()
+    assert out["n"] == 600 and out["h"] == pytest.approx(expect, rel=1e-12)
+
+
+def test_same_seed_gives_bit_identical_model_on_one_or_two_workers(client):
+    X, y = make_blobs_classification(1200, 6)
+    Xd, yd = da.from_array(X, chunks=(300, 6)), da.from_array(y, chunks=300)
+    kw = dict(n_features=512, block_size=128, n_epochs=2, batch_size=128, bandwidth=2.0, random_state=5)
+    two = DSGClassifier(client=client, **kw).fit(Xd, yd)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as one_client:
+        one = DSGClassifier(client=one_client, **kw).fit(Xd, yd)
+    assert np.array_equal(one.coef_, two.coef_)
+
+
+def test_nan_in_a_stored_chunk_is_reported_with_its_row_during_the_first_pass(client, tmp_path):
+    from dkernel.data import write_store
+
+    X, y = make_blobs_classification(800, 4)
+    X[613, 2] = np.nan
+    path = write_store(tmp_path / "bad.zarr", X, y, chunk_rows=200)
+    with pytest.raises(ValueError, match=r"NaN or infinity.*first bad row: 613"):
+        DSGClassifier(n_features=256, n_epochs=1, bandwidth=1.0, client=client).fit(path)
+
+
+def test_checkpoint_from_other_settings_is_refused_by_name(client, tmp_path):
+    X, y = make_blobs_classification(400, 4)
+    ck = str(tmp_path / "ck.npz")
+    kw = dict(n_features=256, n_epochs=1, batch_size=64, bandwidth=1.0, client=client,
+              checkpoint=ck, checkpoint_every=1)
+    DSGClassifier(**kw).fit(X, y)
+    with pytest.raises(ValueError, match="differs in: .*batch_size"):
+        DSGClassifier(**{**kw, "batch_size": 32, "resume": True}).fit(X, y)
+
+
+def test_engine_options_default_lanes_bounded_by_chunks(client):
+    data = open_dataset(np.ones((10, 2), np.float32), chunk_rows=5)
+    plan = Engine(client, EngineOptions(lanes=8)).plan(data, 4, 0)
+    assert plan.lanes == 2

@@ -1,0 +1,78 @@
+"""Seeded random features: regeneration, spectral correctness, dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dkernel.features import FeatureMap, _weights
+from dkernel.kernels import kernel_matrix
+
+
+def _blocks_on_worker(fm: FeatureMap, X: np.ndarray, ids: list[int]) -> np.ndarray:
+    return fm.blocks(X, ids)
+
+
+def test_block_is_regenerated_bit_identically_on_every_worker(client):
+    fm = FeatureMap("gaussian", 1.5, 7, 64, random_state=42)
+    X = np.random.default_rng(0).standard_normal((50, 7)).astype(np.float32)
+    here = fm.blocks(X, [0, 3, 11])
+    workers = list(client.scheduler_info(n_workers=-1)["workers"])
+    assert len(workers) == 2
+    there = [client.submit(_blocks_on_worker, fm, X, [0, 3, 11], workers=[w], pure=False).result()
+             for w in workers]
+    for arr in there:
+        assert np.array_equal(arr, here)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), block=st.integers(0, 10**6),
+       kernel=st.sampled_from(["gaussian", "laplacian", "cauchy"]))
+def test_weights_depend_only_on_seed_and_block_id(seed, block, kernel):
+    args = (kernel, 2.0, 5, 16, "float32", seed, 0)
+    W1, b1 = _weights(*args, block)
+    _weights.cache_clear()
+    W2, b2 = _weights(*args, block)
+    assert np.array_equal(W1, W2) and np.array_equal(b1, b2)
+    W3, _ = _weights(*args, block + 1)
+    assert not np.array_equal(W1, W3)
+    Ws, _ = _weights(kernel, 2.0, 5, 16, "float32", seed, 1, block)  # another stream
+    assert not np.array_equal(W1, Ws)
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "laplacian", "cauchy"])
+def test_feature_map_approximates_kernel_with_error_falling_like_inverse_sqrt_D(kernel):
+    X = np.random.default_rng(1).standard_normal((120, 4)).astype(np.float32)
+    K = kernel_matrix(X.astype(np.float64), X.astype(np.float64), kernel, 2.0)
+    Ds = [128, 512, 2048, 8192]
+    errs = []
+    for D in Ds:
+        # average the RMS error over independent seeds: one draw is noisy
+        e = [np.sqrt(np.mean((FeatureMap(kernel, 2.0, 4, 128, random_state=s).transform(X, D // 128)
+                              .astype(np.float64) @ FeatureMap(kernel, 2.0, 4, 128, random_state=s)
+                              .transform(X, D // 128).T.astype(np.float64) - K) ** 2))
+             for s in range(4)]
+        errs.append(np.mean(e))
+    slope = np.polyfit(np.log(Ds), np.log(errs), 1)[0]
+    # Monte-Carlo error of an average of D i.i.d. bounded terms: slope -1/2.
+    assert -0.6 < slope < -0.4, (slope, errs)
+    assert errs[-1] < 0.03
+
+
+def test_features_stay_float32_without_upcast():
+    fm = FeatureMap("gaussian", 1.0, 3, 32)
+    Z = fm.transform(np.ones((4, 3), dtype=np.float64), 2)
+    assert Z.dtype == np.float32
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "wide"])
+def test_nonsensical_bandwidth_is_rejected_with_its_value(bad):
+    with pytest.raises(ValueError, match="bandwidth"):
+        FeatureMap("gaussian", bad, 3, 32)
+
+
+def test_unknown_kernel_names_the_choices():
+    with pytest.raises(ValueError, match="gaussian, laplacian, cauchy"):
+        FeatureMap("rbf", 1.0, 3, 32)
