@@ -40,12 +40,16 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     try:
         from distributed import get_client
 
-        yield get_client()
-        return
+        current = get_client()
     except ValueError:
-        pass
+        current = None
+    if current is not None:
+        yield current
+        return
+    # Worker-side failures (bad input found on a worker) reach the caller as
+    # exceptions; the workers' own log lines would only repeat them.
     cluster = LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                           processes=True, dashboard_address=":0", silence_logs=logging.ERROR)
+                           processes=True, dashboard_address=":0", silence_logs=logging.CRITICAL)
     c = Client(cluster)
     try:
         yield c

@@ -1,0 +1,119 @@
+"""Bad input fails before any work with a message naming the problem, and
+leaves no partial output (estimator API and CLI)."""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from dkernel import DSGClassifier, DSGRegressor, open_dataset
+from dkernel.cli import main
+from dkernel.data import write_store
+from dkernel.datasets import make_blobs_classification
+
+
+@pytest.fixture
+def Xy():
+    return make_blobs_classification(300, 4)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nan_or_inf_in_numpy_X_is_rejected_at_once(Xy, value):
+    X, y = Xy
+    X[17, 1] = value
+    with pytest.raises(ValueError, match="first bad row: 17"):
+        DSGClassifier().fit(X, y)
+
+
+def test_mismatched_rows_name_both_counts(Xy):
+    X, y = Xy
+    with pytest.raises(ValueError, match="y has 299 rows but X has 300"):
+        DSGClassifier().fit(X, y[:-1])
+
+
+def test_misaligned_chunks_are_named_with_a_fix():
+    X, y = make_blobs_classification(300, 4)
+    with pytest.raises(ValueError, match="different row chunks.*rechunk"):
+        open_dataset(da.from_array(X, chunks=(100, 4)), da.from_array(y, chunks=150))
+
+
+def test_non_numeric_and_empty_and_one_dimensional_data():
+    with pytest.raises(TypeError, match="not real numeric"):
+        open_dataset(np.array([["a", "b"]]))
+    with pytest.raises(ValueError, match="empty"):
+        open_dataset(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="2-D.*reshape"):
+        open_dataset(np.zeros(5))
+
+
+def test_missing_store_is_named():
+    with pytest.raises(FileNotFoundError, match="no dataset store at '/no/such.zarr'"):
+        open_dataset("/no/such.zarr")
+
+
+def test_single_class_target_is_rejected(client, Xy):
+    X, _ = Xy
+    with pytest.raises(ValueError, match="single class"):
+        DSGClassifier(client=client).fit(X, np.zeros(len(X), dtype=int))
+
+
+@pytest.mark.parametrize("param,value,match", [
+    ("bandwidth", -1.0, "bandwidth must be > 0"),
+    ("n_features", 0, "n_features must be > 0"),
+    ("n_epochs", 2.5, "n_epochs must be an integer"),
+    ("batch_size", -3, "batch_size must be > 0"),
+    ("alpha", -1e-3, "alpha must be >= 0"),
+    ("kernel", "rbf", "kernel='rbf' is not supported"),
+    ("loss", "squared", "not a classification loss"),
+])
+def test_nonsensical_hyper_parameters_fail_before_any_work(Xy, param, value, match):
+    X, y = Xy
+    # no client: a failure here must come before a cluster is even started
+    with pytest.raises(ValueError, match=match):
+        DSGClassifier(**{param: value}).fit(X, y)
+
+
+def test_wrong_dimensionality_at_predict(client, Xy):
+    X, y = Xy
+    m = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y.astype(float))
+    with pytest.raises(ValueError, match="has 3 features but the model was fitted on 4"):
+        m.predict(X[:, :3])
+
+
+def test_predict_before_fit_says_so():
+    with pytest.raises(ValueError, match="not fitted yet"):
+        DSGRegressor().predict(np.zeros((2, 2)))
+
+
+def test_cli_bad_input_prints_one_line_and_writes_no_model(client, tmp_path, capsys):
+    X, y = make_blobs_classification(400, 4)
+    X[333, 0] = np.inf
+    store = write_store(tmp_path / "bad.zarr", X, y, chunk_rows=100)
+    out = tmp_path / "m.npz"
+    rc = main(["fit", store, "--features", "64", "--epochs", "1", "--bandwidth", "1", "--out", str(out),
+               "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert err[-1].startswith("dkernel: error: X contains NaN or infinity") and "333" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert not out.exists() and not os.path.exists(str(out) + ".ckpt.npz")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["fit", "/no/store.zarr", "--out", "m.npz"], "no dataset store"),
+    (["fit", "{store}", "--bandwidth", "-2", "--out", "{out}"], "bandwidth must be > 0"),
+    (["fit", "{store}", "--features", "0", "--out", "{out}"], "n_features must be > 0"),
+    (["fit", "{store}", "--solver", "magic", "--out", "{out}"], "--solver 'magic' is not available"),
+    (["evaluate", "/no/model.npz", "{store}"], "no model or checkpoint file"),
+])
+def test_cli_errors_are_single_lines_naming_the_problem(client, tmp_path, capsys, argv, match):
+    X, y = make_blobs_classification(100, 3)
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=50)
+    out = str(tmp_path / "m.npz")
+    rc = main([a.format(store=store, out=out) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and match in err[0], err
+    assert not os.path.exists(out)
