@@ -1,0 +1,119 @@
+"""``dkernel ingest FILE|fashion-mnist --out PATH``: convert files into dataset stores."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
+
+# Options that only make sense for some formats: given for another, they are an error
+# rather than silently ignored.
+_FORMAT_OPTIONS = {
+    "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv",), "no_target": ("csv",),
+    "header": ("csv",), "delimiter": ("csv",), "n_features": ("libsvm",), "zero_based": ("libsvm",),
+}
+_DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "comma": ",",
+               "semicolon": ";"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest", help="convert idx / npy / CSV / libsvm files into a dataset store",
+        description="Convert a file into a row-chunked, compressed zarr dataset store holding "
+                    "X (and y), streaming one chunk at a time. 'dkernel ingest fashion-mnist "
+                    "--out DIR' writes DIR/train.zarr and DIR/test.zarr.")
+    p.add_argument("input", metavar="FILE|fashion-mnist")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="output store (a folder for fashion-mnist)")
+    p.add_argument("--format", choices=(*FORMATS, "svmlight"),
+                   help="input format (default: guessed from the file name)")
+    p.add_argument("--chunk-rows", type=int, metavar="N",
+                   help="rows per chunk (default: at most 8192 rows and ~32 MB)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of X")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
+    p.add_argument("--source", metavar="DIR",
+                   help=f"fashion-mnist: folder with the idx files (default {FASHION_MNIST_DIR})")
+    p.add_argument("--labels", metavar="FILE", help="idx / npy: labels file paired with FILE (y)")
+    p.add_argument("--no-scale", action="store_true",
+                   help="idx: keep byte values instead of scaling them to [0, 1]")
+    t = p.add_mutually_exclusive_group()
+    t.add_argument("--target", metavar="NAME|INDEX",
+                   help="csv: the column stored as y (default: the last column)")
+    t.add_argument("--no-target", action="store_true", help="csv: store every column in X, no y")
+    h = p.add_mutually_exclusive_group()
+    h.add_argument("--header", action="store_true", default=None,
+                   help="csv: the first line names the columns (default: detected)")
+    h.add_argument("--no-header", dest="header", action="store_false", default=None,
+                   help="csv: the first line is data")
+    p.add_argument("--delimiter", metavar="D",
+                   help="csv: field separator, e.g. ',' or 'tab' or 'whitespace' "
+                        "(default: detected)")
+    p.add_argument("--n-features", type=int, metavar="N",
+                   help="libsvm: number of columns (default: largest index, by an extra pass)")
+    p.add_argument("--zero-based", action="store_true", help="libsvm: indices start at 0, not 1")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dkernel.data import ingest as ing
+
+    start = time.perf_counter()
+    if args.input == "fashion-mnist" and not os.path.exists(args.input):
+        _check_options(args, "fashion-mnist")
+        out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,
+                                       overwrite=args.overwrite)
+        outputs = [os.path.join(out, "train.zarr"), os.path.join(out, "test.zarr")]
+    else:
+        if args.source is not None:
+            raise ValueError("--source names the Fashion-MNIST folder; give a FILE without it")
+        fmt = args.format or ing.guess_format(args.input)
+        fmt = "libsvm" if fmt == "svmlight" else fmt
+        _check_options(args, fmt)
+        common = {"dtype": args.dtype, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
+        if fmt == "idx":
+            ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
+        elif fmt == "npy":
+            ing.ingest_npy(args.input, args.out, args.labels, **common)
+        elif fmt == "csv":
+            target = None if args.no_target else (-1 if args.target is None else args.target)
+            ing.ingest_csv(args.input, args.out, target=target, header=args.header,
+                           delimiter=_delimiter(args.delimiter), **common)
+        else:
+            ing.ingest_libsvm(args.input, args.out, n_features=args.n_features,
+                              zero_based=args.zero_based, **common)
+        outputs = [args.out]
+    seconds = time.perf_counter() - start
+    for path in outputs:
+        print(f"wrote {path}: {_describe(path)}")
+    print(f"ingest took {seconds:.1f} s")
+    return 0
+
+
+def _check_options(args: argparse.Namespace, fmt: str) -> None:
+    for name, formats in _FORMAT_OPTIONS.items():
+        value = getattr(args, name)
+        if value not in (None, False) and fmt not in formats:
+            flag = "--" + name.replace("_", "-")
+            if name == "header":
+                flag = "--header" if value else "--no-header"
+            raise ValueError(f"{flag} applies to {' / '.join(formats)} input, not {fmt}")
+
+
+def _delimiter(text: str | None) -> str | None:
+    if text is None:
+        return "auto"
+    return _DELIMITERS.get(text.lower(), text)
+
+
+def _describe(path: str) -> str:
+    import zarr
+
+    group = zarr.open_group(path, mode="r")
+    X = group["X"]
+    parts = [f"X {X.shape[0]} x {X.shape[1]} {X.dtype}"]
+    if "y" in group:
+        parts.append(f"y {tuple(group['y'].shape)} {group['y'].dtype}")
+    parts.append(f"{-(-X.shape[0] // X.chunks[0])} chunk(s) of {X.chunks[0]} rows")
+    return ", ".join(parts)

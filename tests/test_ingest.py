@@ -1,0 +1,428 @@
+"""Ingest: idx / npy / CSV / libsvm files -> row-chunked zarr stores, streamed, atomic."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+import zarr
+
+from dkernel.cli import main
+from dkernel.data import open_dataset
+from dkernel.data.ingest import (
+    IngestError,
+    _csv_source,
+    guess_format,
+    ingest,
+    ingest_csv,
+    ingest_fashion_mnist,
+    ingest_idx,
+    ingest_libsvm,
+    ingest_npy,
+)
+
+_IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype("i2"): 0x0B,
+              np.dtype("i4"): 0x0C, np.dtype("f4"): 0x0D, np.dtype("f8"): 0x0E}
+
+
+def write_idx(path, a: np.ndarray) -> str:
+    """An idx file as LeCun describes it: 0x0000, type byte, ndim, big-endian dims and data."""
+    a = np.asarray(a)
+    body = bytes([0, 0, _IDX_CODES[a.dtype], a.ndim]) + struct.pack(f">{a.ndim}I", *a.shape)
+    body += a.astype(a.dtype.newbyteorder(">")).tobytes()
+    path = os.fspath(path)
+    with (gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")) as f:
+        f.write(body)
+    return path
+
+
+def read_store(path):
+    g = zarr.open_group(os.fspath(path), mode="r")
+    return g, g["X"][:], (g["y"][:] if "y" in g else None)
+
+
+def leftovers(folder) -> list[str]:
+    return [n for n in os.listdir(folder) if ".tmp-" in n]
+
+
+# ---------------------------------------------------------------------- idx
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_idx_images_and_labels_round_trip_with_bytes_scaled_to_unit_interval(tmp_path, suffix):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(13, 5, 4), dtype=np.uint8)
+    images[0, 0, 0], images[1, 0, 0] = 0, 255
+    labels = rng.integers(0, 10, size=13, dtype=np.uint8)
+    img = write_idx(tmp_path / f"img-idx3-ubyte{suffix}", images)
+    lab = write_idx(tmp_path / f"lab-idx1-ubyte{suffix}", labels)
+
+    out = ingest_idx(img, tmp_path / "s.zarr", lab, chunk_rows=5)
+
+    g, X, y = read_store(out)
+    assert X.dtype == np.float32 and X.shape == (13, 20)
+    # x / 255 in float32 is exactly what the reader must produce, bit for bit.
+    np.testing.assert_array_equal(X, images.reshape(13, 20).astype(np.float32) / np.float32(255))
+    assert X.min() == 0.0 and X.max() == 1.0
+    np.testing.assert_array_equal(y, labels)
+    assert y.dtype == np.int32
+    assert g.attrs["item_shape"] == [5, 4]
+
+
+@pytest.mark.parametrize("dtype", ["i2", "i4", "f4", "f8"])
+def test_idx_wider_types_are_read_big_endian_and_left_unscaled(tmp_path, dtype):
+    a = (np.arange(24).reshape(6, 4) * 1000 - 7000).astype(dtype)
+    out = ingest_idx(write_idx(tmp_path / "a.idx", a), tmp_path / "s.zarr", dtype="float64")
+    _, X, y = read_store(out)
+    np.testing.assert_array_equal(X, a.astype(np.float64))
+    assert y is None
+
+
+def test_idx_no_scale_keeps_byte_values(tmp_path):
+    a = np.array([[0, 7], [200, 255]], dtype=np.uint8)
+    out = ingest_idx(write_idx(tmp_path / "a-ubyte", a), tmp_path / "s.zarr", scale=False)
+    np.testing.assert_array_equal(read_store(out)[1], a.astype(np.float32))
+
+
+def _fake_fashion(folder, n_train=30, n_test=12, seed=0):
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    data = {}
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        write_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"), images)
+        write_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"), labels)
+        data[split] = (images, labels)
+    return data
+
+
+def test_fashion_mnist_folder_gives_train_and_test_stores_of_unit_pixels(tmp_path):
+    data = _fake_fashion(tmp_path / "fm-src")
+
+    out = ingest_fashion_mnist(tmp_path / "fm", tmp_path / "fm-src", chunk_rows=8)
+
+    assert sorted(os.listdir(out)) == ["test.zarr", "train.zarr"]
+    for split, (images, labels) in data.items():
+        _, X, y = read_store(os.path.join(out, f"{split}.zarr"))
+        assert X.shape == (len(images), 784) and X.dtype == np.float32
+        assert X.min() >= 0.0 and X.max() <= 1.0
+        np.testing.assert_array_equal(X, images.reshape(-1, 784) / np.float32(255))
+        np.testing.assert_array_equal(y, labels)
+        ds = open_dataset(os.path.join(out, f"{split}.zarr"), require_y=True)
+        assert ds.row_chunks[0] == 8 and ds.y.chunks[0] == ds.X.chunks[0]
+
+
+def test_fashion_mnist_with_a_missing_file_names_it_and_writes_nothing(tmp_path):
+    _fake_fashion(tmp_path / "src")
+    os.remove(tmp_path / "src" / "t10k-labels-idx1-ubyte.gz")
+    missing = r"t10k-labels-idx1-ubyte\(\.gz\) not found.*--source"
+    with pytest.raises(FileNotFoundError, match=missing):
+        ingest_fashion_mnist(tmp_path / "fm", tmp_path / "src")
+    assert not os.path.exists(tmp_path / "fm")
+
+
+def test_fashion_mnist_test_split_failing_leaves_no_train_store(tmp_path):
+    _fake_fashion(tmp_path / "src")
+    # Truncate the gzip stream of the test images: detected only while streaming them.
+    write_idx(tmp_path / "t.idx", np.zeros((12, 28, 28), np.uint8))
+    with open(tmp_path / "t.idx", "rb") as f:
+        raw = f.read()
+    with gzip.open(tmp_path / "src" / "t10k-images-idx3-ubyte.gz", "wb") as f:
+        f.write(raw[:-100])
+    with pytest.raises(IngestError, match="file ends after 11 of 12 items"):
+        ingest_fashion_mnist(tmp_path / "fm", tmp_path / "src", chunk_rows=4)
+    assert not os.path.exists(tmp_path / "fm")
+
+
+# ---------------------------------------------------------------------- npy
+
+def test_npy_rows_and_labels_round_trip_with_items_flattened(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(11, 3, 2))
+    y = rng.normal(size=(11, 2)).astype(np.float32)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+
+    out = ingest(tmp_path / "X.npy", tmp_path / "s.zarr", labels=tmp_path / "y.npy", chunk_rows=4)
+
+    _, Xs, ys = read_store(out)
+    np.testing.assert_array_equal(Xs, X.reshape(11, 6).astype(np.float32))
+    np.testing.assert_array_equal(ys, y)
+    assert Xs.dtype == np.float32 and ys.dtype == np.float32
+
+
+# ---------------------------------------------------------------------- csv
+
+def test_csv_with_header_stores_the_named_target_as_y(tmp_path):
+    (tmp_path / "d.csv").write_text("a,label,b\n1.5,0,2\n\n-3,1,4e-1\n5,2,6\n")
+    out = ingest_csv(tmp_path / "d.csv", tmp_path / "s.zarr", target="label")
+    g, X, y = read_store(out)
+    np.testing.assert_array_equal(X, np.array([[1.5, 2], [-3, 0.4], [5, 6]], np.float32))
+    np.testing.assert_array_equal(y, [0, 1, 2])
+    assert g.attrs["columns"] == ["a", "b"] and g.attrs["target"] == "label"
+
+
+def test_csv_without_header_defaults_to_last_column_target_or_none(tmp_path):
+    (tmp_path / "d.tsv").write_text("1\t2\t3\n4\t5\t6\n")
+    _, X, y = read_store(ingest_csv(tmp_path / "d.tsv", tmp_path / "a.zarr"))
+    np.testing.assert_array_equal(X, [[1, 2], [4, 5]])
+    np.testing.assert_array_equal(y, [3, 6])
+    _, X, y = read_store(ingest_csv(tmp_path / "d.tsv", tmp_path / "b.zarr", target=0))
+    np.testing.assert_array_equal(X, [[2, 3], [5, 6]])
+    np.testing.assert_array_equal(y, [1, 4])
+    _, X, y = read_store(ingest_csv(tmp_path / "d.tsv", tmp_path / "c.zarr", target=None))
+    np.testing.assert_array_equal(X, [[1, 2, 3], [4, 5, 6]])
+    assert y is None
+
+
+def test_csv_gzip_whitespace_delimited_is_read(tmp_path):
+    with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
+        f.write("x1 x2  y\n 1  2  1\n3 4 0\n")
+    _, X, y = read_store(ingest(tmp_path / "d.csv.gz", tmp_path / "s.zarr"))
+    np.testing.assert_array_equal(X, [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(y, [1, 0])
+
+
+# ------------------------------------------------------------------- libsvm
+
+def test_libsvm_sparse_rows_are_densified(tmp_path):
+    (tmp_path / "d.svm").write_text(
+        "# a comment line\n"
+        "+1 1:0.5 4:2\n"
+        "-1 qid:3 2:-1.5   # trailing comment\n"
+        "\n"
+        "2\n"
+        "0 3:7 1:1\n")
+    expected = np.array([[0.5, 0, 0, 2], [0, -1.5, 0, 0], [0, 0, 0, 0], [1, 0, 7, 0]], np.float32)
+    _, X, y = read_store(ingest_libsvm(tmp_path / "d.svm", tmp_path / "a.zarr", chunk_rows=3))
+    np.testing.assert_array_equal(X, expected)
+    np.testing.assert_array_equal(y, [1, -1, 2, 0])
+    _, X, _ = read_store(ingest_libsvm(tmp_path / "d.svm", tmp_path / "b.zarr", n_features=6))
+    np.testing.assert_array_equal(X, np.pad(expected, ((0, 0), (0, 2))))
+    _, X, _ = read_store(ingest_libsvm(tmp_path / "d.svm", tmp_path / "c.zarr", zero_based=True))
+    np.testing.assert_array_equal(X, np.pad(expected, ((0, 0), (1, 0))))
+
+
+# ----------------------------------------------------------------- chunking
+
+def _ten_rows(tmp_path, fmt):
+    X = np.arange(30, dtype=np.float64).reshape(10, 3) / 4
+    y = np.arange(10) % 3
+    if fmt == "csv":
+        path = tmp_path / "d.csv"
+        rows = (",".join(map(str, [*r, t])) + "\n" for r, t in zip(X, y, strict=True))
+        path.write_text("".join(rows))
+        return path, {}, X, y
+    if fmt == "libsvm":
+        path = tmp_path / "d.svm"
+        path.write_text("".join(f"{t} " + " ".join(f"{j + 1}:{v}" for j, v in enumerate(r)) + "\n"
+                                for r, t in zip(X, y, strict=True)))
+        return path, {}, X, y
+    if fmt == "npy":
+        np.save(tmp_path / "X.npy", X)
+        np.save(tmp_path / "y.npy", y)
+        return tmp_path / "X.npy", {"labels": tmp_path / "y.npy"}, X, y
+    Xi = np.arange(30, dtype=np.uint8).reshape(10, 3)
+    write_idx(tmp_path / "l-idx1-ubyte", y.astype(np.uint8))
+    return (write_idx(tmp_path / "i-idx2-ubyte.gz", Xi), {"labels": tmp_path / "l-idx1-ubyte"},
+            Xi / 255, y)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "libsvm", "npy", "idx"])
+def test_chunks_hold_the_requested_rows_with_a_partial_last_chunk(tmp_path, fmt):
+    path, options, X, y = _ten_rows(tmp_path, fmt)
+    assert guess_format(path) == fmt
+
+    out = ingest(path, tmp_path / "s.zarr", chunk_rows=4, **options)
+
+    g, Xs, ys = read_store(out)
+    assert g["X"].chunks == (4, 3) and g["y"].chunks == (4,)
+    assert len(os.listdir(os.path.join(out, "X", "c"))) == 3  # rows 0-3, 4-7 and 8-9
+    ds = open_dataset(out)
+    assert ds.row_chunks == (4, 4, 2) and ds.y.chunks[0] == (4, 4, 2)
+    np.testing.assert_allclose(Xs, X, rtol=1e-7)  # float32 of the same values
+    np.testing.assert_array_equal(ys, y)
+
+
+def test_default_chunk_rows_keep_wide_chunks_near_32_megabytes(tmp_path):
+    np.save(tmp_path / "X.npy", np.zeros((3, 100_000), np.float32))
+    g, _, _ = read_store(ingest_npy(tmp_path / "X.npy", tmp_path / "s.zarr"))
+    assert g["X"].chunks[0] == 32 * 2**20 // (100_000 * 4)
+
+
+# ----------------------------------------------------------------- bad input
+
+def _bad_inputs(tmp_path):
+    p = tmp_path
+    (p / "nonnum.csv").write_text("a,b,y\n1,2,0\n3,abc,1\n")
+    (p / "ragged.csv").write_text("1,2,0\n3,4,1\n5,6\n")
+    (p / "empty-value.csv").write_text("1,2,0\n3,,1\n")
+    (p / "late.csv").write_text("".join(f"{i},{i},0\n" for i in range(500)) + "1,x,0\n")
+    (p / "late-ragged.csv").write_text("".join(f"{i},{i},0\n" for i in range(20)) + "1,1\n")
+    (p / "empty.csv").write_text("\n\n")
+    (p / "zero.svm").write_text("1 1:2\n0 0:1\n")
+    (p / "token.svm").write_text("1 1:2\n0 3=1\n")
+    (p / "multi.svm").write_text("1 1:2\n0,1 3:1\n")
+    (p / "wide.svm").write_text("1 1:2\n0 9:1\n")
+    (p / "bad-magic-ubyte").write_bytes(b"\x08\x03\x00\x00" + bytes(16))
+    write_idx(p / "img-ubyte", np.zeros((5, 2, 2), np.uint8))
+    write_idx(p / "lab4-ubyte", np.zeros(4, np.uint8))
+    (p / "short-ubyte").write_bytes((p / "img-ubyte").read_bytes()[:-3])
+    np.save(p / "X.npy", np.zeros((5, 2)))
+    np.save(p / "y4.npy", np.zeros(4))
+    # Random content does not compress, so half the gzip bytes cut the stream mid-data.
+    rng = np.random.default_rng(3)
+    write_idx(p / "noise-ubyte.gz", rng.integers(0, 256, (50, 8, 8), dtype=np.uint8))
+    (p / "cut-ubyte.gz").write_bytes((p / "noise-ubyte.gz").read_bytes()[:1500])
+    text = gzip.compress("".join(f"{v},1\n" for v in rng.normal(size=3000)).encode())
+    (p / "cut.csv.gz").write_bytes(text[:len(text) // 2])
+    (p / "binary.csv").write_bytes(bytes(range(128, 256)))
+    return [
+        (lambda o: ingest_csv(p / "nonnum.csv", o),
+         r"nonnum\.csv:3: non-numeric value 'abc' in column 2 \('b'\)"),
+        (lambda o: ingest_csv(p / "ragged.csv", o),
+         r"ragged\.csv:3: 2 values but 3 columns.*ragged"),
+        (lambda o: ingest_csv(p / "empty-value.csv", o),
+         r"empty-value\.csv:2: empty value in column 2"),
+        (lambda o: ingest_csv(p / "late.csv", o, chunk_rows=16),
+         r"late\.csv:501: non-numeric value 'x'"),
+        (lambda o: ingest_csv(p / "late-ragged.csv", o, chunk_rows=10),
+         r"late-ragged\.csv:21: 2 values but 3"),
+        (lambda o: ingest_csv(p / "empty.csv", o), r"empty\.csv: no data rows"),
+        (lambda o: ingest_csv(p / "nonnum.csv", o, target="z"),
+         r"no column named 'z' \(columns: a, b, y\)"),
+        (lambda o: ingest_libsvm(p / "zero.svm", o),
+         r"zero\.svm:2: feature index 0; .*--zero-based"),
+        (lambda o: ingest_libsvm(p / "token.svm", o),
+         r"token\.svm:2: cannot read '3=1' as index:value"),
+        (lambda o: ingest_libsvm(p / "multi.svm", o),
+         r"multi\.svm:2: non-numeric label '0,1'; multi-label"),
+        (lambda o: ingest_libsvm(p / "wide.svm", o, n_features=4),
+         r"wide\.svm:2: feature index 9 is beyond n_features=4"),
+        (lambda o: ingest_idx(p / "bad-magic-ubyte", o),
+         r"bad-magic-ubyte: bad idx magic number 0x08030000"),
+        (lambda o: ingest_idx(p / "img-ubyte", o, p / "lab4-ubyte"),
+         r"lab4-ubyte has 4 labels but .*img-ubyte has 5 items"),
+        (lambda o: ingest_idx(p / "short-ubyte", o),
+         r"short-ubyte: 33 bytes, but its idx header \[5, 2, 2\] needs 36"),
+        (lambda o: ingest_npy(p / "X.npy", o, p / "y4.npy"),
+         r"y4\.npy has 4 rows but .*X\.npy has 5"),
+        (lambda o: ingest_npy(p / "nonnum.csv", o), r"nonnum\.csv: cannot read as \.npy"),
+        (lambda o: ingest_idx(p / "cut-ubyte.gz", o, chunk_rows=8),
+         r"cut-ubyte\.gz: cannot read: Compressed file ended"),
+        (lambda o: ingest_csv(p / "cut.csv.gz", o, chunk_rows=100),
+         r"cut\.csv\.gz: cannot read past line \d+: Compressed file ended"),
+        (lambda o: ingest_csv(p / "binary.csv", o), r"binary\.csv: not UTF-8 text near line 1"),
+        (lambda o: ingest(p / "missing.csv", o), r"missing\.csv: does not exist"),
+        (lambda o: ingest(p / "X.npy", o, chunk_rows=0), r"chunk_rows must be > 0"),
+        (lambda o: guess_format(p / "data.bin"), r"data\.bin: cannot tell the format .*--format"),
+    ]
+
+
+def test_each_bad_input_gives_a_one_line_error_naming_it_and_leaves_no_output(tmp_path):
+    cases = _bad_inputs(tmp_path)
+    for i, (call, pattern) in enumerate(cases):
+        out = tmp_path / "out" / f"s{i}.zarr"
+        with pytest.raises((IngestError, FileNotFoundError, ValueError), match=pattern) as info:
+            call(out)
+        assert "\n" not in str(info.value)
+        assert not os.path.exists(tmp_path / "out"), f"case {i} left output behind"
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_output_is_kept_unless_overwrite_is_asked(tmp_path):
+    np.save(tmp_path / "X.npy", np.ones((3, 2)))
+    out = ingest_npy(tmp_path / "X.npy", tmp_path / "s.zarr")
+    np.save(tmp_path / "X.npy", np.zeros((4, 2)))
+    with pytest.raises(FileExistsError, match="already exists"):
+        ingest_npy(tmp_path / "X.npy", out)
+    assert read_store(out)[1].shape == (3, 2)
+    ingest_npy(tmp_path / "X.npy", out, overwrite=True)
+    assert read_store(out)[1].shape == (4, 2)
+
+
+# ---------------------------------------------------------------- streaming
+
+def test_csv_reader_never_holds_more_than_chunk_rows_rows(tmp_path):
+    n, chunk_rows = 2_503, 100
+    (tmp_path / "d.csv").write_text("".join(f"{i},{i % 7},{i % 2}\n" for i in range(n)))
+    sizes = [X.shape[0] for X, _ in _csv_source(tmp_path / "d.csv", -1, None, "auto",
+                                                np.dtype("f4")).blocks(chunk_rows)]
+    assert max(sizes) == chunk_rows and sum(sizes) == n and sizes[-1] == 3
+
+
+def _peak_bytes(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_csv_and_npy_ingest_peak_memory_is_bounded_by_a_chunk_not_the_file(tmp_path):
+    n, d, chunk_rows = 60_000, 20, 500
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(n, d))
+    np.save(tmp_path / "X.npy", X)
+    np.savetxt(tmp_path / "d.csv", X, delimiter=",", fmt="%.6g")
+    data_bytes = X.nbytes  # 9.6 MB parsed; the CSV text is about as large
+    # The first ingest in a process imports modules (several MB of Python objects);
+    # warm up so only the ingest's own buffers are measured.
+    ingest_csv(tmp_path / "d.csv", tmp_path / "warm.zarr", target=None, chunk_rows=n)
+    ingest_npy(tmp_path / "X.npy", tmp_path / "warm-n.zarr", chunk_rows=n)
+    # One chunk is 500 rows (80 KB as float64, ~100 KB of text lines); measured peaks
+    # are ~0.4 MB (csv) and ~0.25 MB (npy) with zarr's buffers.  Holding the file
+    # would take >= data_bytes, ten times the bound.
+    peak_csv = _peak_bytes(lambda: ingest_csv(tmp_path / "d.csv", tmp_path / "c.zarr",
+                                              target=None, chunk_rows=chunk_rows))
+    peak_npy = _peak_bytes(lambda: ingest_npy(tmp_path / "X.npy", tmp_path / "n.zarr",
+                                              chunk_rows=chunk_rows))
+    assert peak_csv < data_bytes / 10, peak_csv
+    assert peak_npy < data_bytes / 10, peak_npy
+    np.testing.assert_array_equal(read_store(tmp_path / "n.zarr")[1], X.astype(np.float32))
+    np.testing.assert_allclose(read_store(tmp_path / "c.zarr")[1], X, rtol=1e-5)  # %.6g text
+
+
+# ---------------------------------------------------------------------- cli
+
+def test_cli_ingests_a_csv_and_reports_the_store(tmp_path, capsys):
+    rows = "".join(f"{i},{2 * i},{i % 2}\n" for i in range(9))
+    (tmp_path / "d.csv").write_text("a,b,label\n" + rows)
+    out = tmp_path / "s.zarr"
+    assert main(["ingest", str(tmp_path / "d.csv"), "--out", str(out), "--target", "label",
+                 "--chunk-rows", "4"]) == 0
+    assert "X 9 x 2 float32" in capsys.readouterr().out
+    g, _, y = read_store(out)
+    assert g["X"].chunks == (4, 2)
+    np.testing.assert_array_equal(y, np.arange(9) % 2)
+
+
+def test_cli_fashion_mnist_from_a_source_folder(tmp_path, capsys):
+    _fake_fashion(tmp_path / "src", n_train=9, n_test=3)
+    assert main(["ingest", "fashion-mnist", "--source", str(tmp_path / "src"),
+                 "--out", str(tmp_path / "fm")]) == 0
+    printed = capsys.readouterr().out
+    assert "train.zarr: X 9 x 784 float32, y (9,) int32" in printed
+    assert "test.zarr: X 3 x 784 float32" in printed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bad.csv"], "bad.csv:2: non-numeric value 'q'"),
+    (["bad.csv", "--n-features", "3"], "--n-features applies to libsvm input, not csv"),
+    (["bad.csv", "--format", "libsvm", "--n-features", "3"], "bad.csv:1: non-numeric label '1,2'"),
+    (["data.bin"], "cannot tell the format"),
+    (["fashion-mnist", "--source", "nowhere"], "not found in nowhere"),
+])
+def test_cli_errors_are_one_line_and_exit_1(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.csv").write_text("1,2\nq,3\n")
+    (tmp_path / "data.bin").write_bytes(b"\0")
+    assert main(["ingest", *args, "--out", "o.zarr"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "o.zarr")
