@@ -10,3 +10,5 @@ from dkernel.estimators import DSGClassifier, DSGRegressor
 from dkernel.io import load_model, save_model
 
 __all__ = ["__version__", "open_dataset", "DSGClassifier", "DSGRegressor", "load_model", "save_model"]
+from dkernel.estimators import SphereRegressor  # noqa: E402,F401
+__all__ += ["SphereRegressor"]

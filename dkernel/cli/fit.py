@@ -24,8 +24,24 @@ def _build_dsg(args: argparse.Namespace) -> Any:
     return cls(**kw)
 
 
+def _build_sphere(args: argparse.Namespace) -> Any:
+    from dkernel import SphereRegressor
+
+    kw: dict[str, Any] = {}
+    for flag, param in (("sphere_s", "s"), ("theta", "theta"), ("eta0", "eta0"), ("step_exponent", "t"),
+                        ("max_degree", "max_degree"), ("input_map", "input_map"), ("scale", "scale"),
+                        ("form", "form"), ("block_size", "block_size"), ("epochs", "n_epochs")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[param] = value
+    if getattr(args, "theta", None) is not None and args.theta <= 0:
+        kw["theta"] = None  # --theta 0: plain kernel SGD at level --max-degree
+    return SphereRegressor(**kw)
+
+
 #: solver name -> builder(args) returning an unfitted estimator.
 SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
+SOLVERS["sphere"] = _build_sphere
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step-size", dest="step_size", type=float)
     p.add_argument("--step-decay", dest="step_decay", type=float)
     p.add_argument("--lanes", type=int, help="chunks that share one step")
+    p.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
+    p.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
+    p.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")
+    p.add_argument("--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)")
+    p.add_argument("--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)")
+    p.add_argument("--input-map", dest="input_map", choices=("normalize", "stereographic"),
+                   help="how rows reach the sphere (sphere)")
+    p.add_argument("--scale", type=float, help="scale of the stereographic map (sphere)")
+    p.add_argument("--form", choices=("auto", "features", "kernel"), help="representation (sphere)")
     p.add_argument("--seed", type=int, default=0, help="random_state")
     p.add_argument("--out", required=True, help="model file to write (.npz)")
     p.add_argument("--checkpoint", help="checkpoint file (default: OUT.ckpt.npz)")

@@ -3,3 +3,5 @@
 from dkernel.datasets.synthetic import make_blobs_classification, make_dai_ridge, make_store
 
 __all__ = ["make_blobs_classification", "make_dai_ridge", "make_store"]
+from dkernel.datasets.spheres import make_sphere_polynomial, sphere_polynomial_target, uniform_sphere  # noqa: E402,F401
+__all__ += ["make_sphere_polynomial", "sphere_polynomial_target", "uniform_sphere"]

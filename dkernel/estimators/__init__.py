@@ -3,3 +3,5 @@
 from dkernel.estimators.dsg import DSGClassifier, DSGRegressor
 
 __all__ = ["DSGClassifier", "DSGRegressor"]
+from dkernel.estimators.sphere import SphereRegressor  # noqa: E402,F401
+__all__ += ["SphereRegressor"]

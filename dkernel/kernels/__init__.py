@@ -4,3 +4,5 @@ from dkernel.kernels.exact import KERNELS, kernel_matrix, kernel_diagonal_max
 from dkernel.kernels.bandwidth import median_heuristic
 
 __all__ = ["KERNELS", "kernel_matrix", "kernel_diagonal_max", "median_heuristic"]
+from dkernel.kernels.zonal import dim_harmonics, dim_polynomials, gegenbauer_normalized, zonal_kernel, zonal_weights  # noqa: E402,F401
+__all__ += ["dim_harmonics", "dim_polynomials", "gegenbauer_normalized", "zonal_kernel", "zonal_weights"]

@@ -1,0 +1,251 @@
+"""SphereRegressor: truncated kernel SGD on spheres (Bai & Shi, Algorithm 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from dkernel.data.dataset import open_dataset
+from dkernel.data.validate import check_positive
+from dkernel.engine import Engine, connect
+from dkernel.estimators.base import BaseEstimator, apply_rows, check_predict_input
+from dkernel.kernels.zonal import ZonalFeatures
+from dkernel.solvers.sphere import (
+    _kernel_eval,
+    averaged_kernel_coefficients,
+    check_step,
+    fingerprint,
+    init_state,
+    make_payload,
+    sphere_dim,
+    sphere_fold,
+    sphere_prepare,
+    to_sphere,
+)
+
+
+class SphereRegressor(BaseEstimator):
+    r"""Least-squares regression on the sphere by truncated kernel SGD (T-kernel SGD).
+
+    One pass over the rows in order (an online algorithm); point n updates
+    ``f <- f - eta_n (f(x_n) - y_n) K^{L_n}(x_n, .)`` with the zonal kernel
+    truncated at level L_n (the smallest L with dim Pi_L >= n^theta - 1) and
+    the prediction is the Polyak average of the iterates.  Columns of a 2-D
+    y are fitted one-vs-rest (independent outputs sharing the kernel work).
+    See :mod:`dkernel.solvers.sphere` for the update and its blocked form.
+
+    Parameters (named as in Bai & Shi)
+    ----------------------------------
+    s : float, default=1.0
+        Smoothness of the kernel: mu_k = (dim Pi_k)^(-2 s).
+    theta : float in (0, 1] or None, default=1/3
+        Truncation level parameter; 1 / (1 + 2 s) balances bias and variance
+        (Theorem 1).  None: no schedule, L_n = max_degree at every step, i.e.
+        plain kernel SGD with the kernel K^{max_degree}.
+    eta0 : float, default=0.5
+        Initial step; needs eta0 * K^L(x, x) < 2.
+    t : float, default=0.0
+        Step decay: eta_n = eta0 * n^-t (0: constant step, the paper's headline).
+    max_degree : int, optional
+        Cap on the truncation level.
+    input_map : {"normalize", "stereographic"}, default="normalize"
+        How rows reach the sphere: x / |x|, or the inverse stereographic
+        projection of x / scale onto S^p (one-to-one; for data that is not
+        spherical, adds one coordinate).
+    scale : float, default=1.0
+        Scale of the stereographic map.
+    form : {"auto", "features", "kernel"}, default="auto"
+        Representation of f: coefficients on a basis of Pi_L (spherical
+        harmonics for d = 2, 3, monomials for low degree otherwise) or the
+        kernel expansion over the training points; "auto" picks the cheaper.
+    block_size : int, default=256
+        Rows per exact blocked update (triangular solve of this size).
+    n_epochs : int, default=1
+        Passes over the data; the step counter n continues across passes.
+    record_at : sequence of int, optional
+        Step counts n at which the averaged model is kept, for learning
+        curves (:meth:`staged_predict`).
+    client, verbose, checkpoint, checkpoint_every, resume
+        As in the other estimators; a checkpoint is written every
+        ``checkpoint_every`` chunks.
+
+    Attributes
+    ----------
+    form_ : str
+    max_level_ : int
+        L_N at the last step.
+    coef_ : ndarray (F, c)
+        Averaged coefficients on ``features_`` (features form).
+    support_, dual_coef_, level_ : ndarray
+        Points, averaged coefficients and levels (kernel form).
+    recorded_n_ : ndarray
+        Steps recorded for :meth:`staged_predict`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from distributed import Client
+    >>> from dkernel import SphereRegressor
+    >>> from dkernel.datasets import make_sphere_polynomial
+    >>> X, y, _ = make_sphere_polynomial(4000, d=3, degree=3, random_state=0)
+    >>> with Client(n_workers=1, processes=False, dashboard_address=None) as client:
+    ...     model = SphereRegressor(theta=0.5, client=client).fit(X, y)
+    >>> model.score(X, y) > 0.9
+    True
+    """
+
+    def __init__(self, *, s: float = 1.0, theta: float | None = 1 / 3, eta0: float = 0.5,
+                 t: float = 0.0, max_degree: int | None = None, input_map: str = "normalize",
+                 scale: float = 1.0, form: str = "auto", block_size: int = 256, n_epochs: int = 1,
+                 record_at: Any = None, client: Any = None, verbose: bool = False,
+                 checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False) -> None:
+        self.s = s
+        self.theta = theta
+        self.eta0 = eta0
+        self.t = t
+        self.max_degree = max_degree
+        self.input_map = input_map
+        self.scale = scale
+        self.form = form
+        self.block_size = block_size
+        self.n_epochs = n_epochs
+        self.record_at = record_at
+        self.client = client
+        self.verbose = verbose
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+
+    def _check_params(self) -> None:
+        check_positive("s", self.s)
+        if self.theta is not None:
+            check_positive("theta", self.theta)
+            if self.theta > 1:
+                raise ValueError(f"theta must be in (0, 1], got {self.theta!r}")
+        elif self.max_degree is None:
+            raise ValueError("theta=None (plain kernel SGD) needs max_degree, the fixed truncation level")
+        check_positive("eta0", self.eta0)
+        check_positive("t", self.t, allow_zero=True)
+        if self.max_degree is not None:
+            check_positive("max_degree", self.max_degree, integer=True, allow_zero=True)
+        if self.input_map not in ("normalize", "stereographic"):
+            raise ValueError(f"input_map must be 'normalize' or 'stereographic', got {self.input_map!r}")
+        check_positive("scale", self.scale)
+        if self.form not in ("auto", "features", "kernel"):
+            raise ValueError(f"form must be 'auto', 'features' or 'kernel', got {self.form!r}")
+        check_positive("block_size", self.block_size, integer=True)
+        check_positive("n_epochs", self.n_epochs, integer=True)
+
+    def fit(self, X: Any, y: Any = None) -> SphereRegressor:
+        """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""
+        self._check_params()
+        data = open_dataset(X, y, require_y=True)
+        d = sphere_dim(data.n_inputs, self.input_map)
+        if d < 2:
+            raise ValueError("X has one column: normalising it onto S^0 loses everything; "
+                             "use input_map='stereographic' to map the line onto the circle")
+        n_outputs = 1 if data.y.ndim == 1 else int(data.y.shape[1])
+        N = data.n_rows * int(self.n_epochs)
+        payload = make_payload(d=d, s=self.s, theta=self.theta, eta0=self.eta0, t=self.t,
+                               max_degree=self.max_degree, n_total=N, n_outputs=n_outputs,
+                               form=self.form, input_map=self.input_map, scale=self.scale,
+                               block_size=self.block_size, record_at=tuple(self.record_at or ()))
+        check_step(float(self.eta0), d, float(self.s), payload["max_level"])
+        # float64 chunks: the recurrences and triangular solves are checked to
+        # 1e-10 against the per-point loop, which float32 inputs cannot give.
+        options = dataclasses.replace(self._engine_options(), dtype="float64")
+        with connect(self.client) as client:
+            state = Engine(client, options).scan(
+                data, sphere_prepare, sphere_fold, init_state(payload), payload,
+                n_epochs=int(self.n_epochs), fingerprint=fingerprint(payload), label="sphere",
+                pass_start=True)
+        self._set_fitted(payload, state, data.n_inputs, N)
+        return self
+
+    def _set_fitted(self, payload: dict, state: dict, n_inputs: int, N: int) -> None:
+        self.form_ = payload["form"]
+        self.d_ = payload["d"]
+        self.max_level_ = payload["max_level"]
+        self.n_features_in_ = n_inputs
+        self.n_outputs_ = payload["n_outputs"]
+        self.n_steps_ = N
+        self.recorded_n_ = np.asarray(payload["record_at"], dtype=np.int64)
+        if self.form_ == "features":
+            self.features_ = payload["features"]
+            self.coef_ = state["coef_sum"] / (N + 1)
+            self.recorded_coef_ = state["recorded"]
+        else:
+            self.support_ = state["support"]
+            self.alpha_ = state["alpha"]
+            self.level_ = state["level"]
+            self.dual_coef_ = averaged_kernel_coefficients(self.alpha_, N)
+
+    # prediction ------------------------------------------------------------------
+    def _predict_with(self, X: Any, coef: np.ndarray | None, N: int | None) -> Any:
+        self._check_fitted("form_")
+        X = check_predict_input(X, self.n_features_in_)
+        c = self.n_outputs_
+        if self.form_ == "features":
+            feats, input_map, scale = self.features_, self.input_map, float(self.scale)
+            fn = lambda Xb: feats.transform(to_sphere(Xb, input_map, scale)) @ coef
+        else:
+            alpha = self.dual_coef_ if N is None else averaged_kernel_coefficients(self.alpha_, N)
+            n = alpha.shape[0]
+            sup, lev, d, s = self.support_[:n], self.level_[:n], self.d_, float(self.s)
+            input_map, scale = self.input_map, float(self.scale)
+            fn = lambda Xb: _kernel_eval(to_sphere(Xb, input_map, scale), sup, alpha, lev, d, s)
+        f = apply_rows(fn, X, c, np.dtype(np.float64))
+        return f[:, 0] if c == 1 else f
+
+    def predict(self, X: Any) -> Any:
+        """The averaged estimator bar f_N at the rows of X; lazy for dask input."""
+        return self._predict_with(X, getattr(self, "coef_", None), None)
+
+    def staged_predict(self, X: Any) -> Iterator[Any]:
+        """Predictions of bar f_n for each n in ``recorded_n_`` (learning curves)."""
+        self._check_fitted("form_")
+        for i, n in enumerate(self.recorded_n_):
+            if self.form_ == "features":
+                yield self._predict_with(X, self.recorded_coef_[i], None)
+            else:
+                yield self._predict_with(X, None, int(n))
+
+    def score(self, X: Any, y: Any) -> float:
+        """R^2 of the prediction."""
+        p = self.predict(X)
+        y = y.astype(np.float64) if hasattr(y, "astype") else np.asarray(y, dtype=np.float64)
+        ss_res = ((y - p) ** 2).sum()
+        ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
+        if isinstance(ss_res, da.Array):
+            ss_res, ss_tot = da.compute(ss_res, ss_tot)
+        return float(1 - ss_res / ss_tot)
+
+    # model files -----------------------------------------------------------------
+    def _get_model_state(self) -> tuple[dict, dict]:
+        self._check_fitted("form_")
+        meta = {"form": self.form_, "d": self.d_, "max_level": self.max_level_,
+                "n_features_in": self.n_features_in_, "n_outputs": self.n_outputs_,
+                "n_steps": self.n_steps_}
+        arrays: dict[str, np.ndarray] = {"recorded_n": self.recorded_n_}
+        if self.form_ == "features":
+            arrays.update(coef=self.coef_, recorded_coef=self.recorded_coef_)
+            meta["features"] = self.features_.to_dict()
+        else:
+            arrays.update(support=self.support_, alpha=self.alpha_, level=self.level_)
+        return arrays, meta
+
+    def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        self.form_, self.d_, self.max_level_ = meta["form"], meta["d"], meta["max_level"]
+        self.n_features_in_, self.n_outputs_ = meta["n_features_in"], meta["n_outputs"]
+        self.n_steps_ = meta["n_steps"]
+        self.recorded_n_ = arrays["recorded_n"]
+        if self.form_ == "features":
+            self.features_ = ZonalFeatures(**meta["features"])
+            self.coef_, self.recorded_coef_ = arrays["coef"], arrays["recorded_coef"]
+        else:
+            self.support_, self.alpha_, self.level_ = arrays["support"], arrays["alpha"], arrays["level"]
+            self.dual_coef_ = averaged_kernel_coefficients(self.alpha_, self.n_steps_)
