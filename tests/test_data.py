@@ -1,0 +1,60 @@
+"""Opening datasets from NumPy, dask and zarr stores by path or fsspec URL."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from dkernel.data import open_dataset, write_store
+from dkernel.data.store import atomic_store
+
+
+def test_store_by_path_and_file_url_open_lazily_with_row_chunks(tmp_path):
+    X = np.random.default_rng(0).standard_normal((1000, 5)).astype(np.float32)
+    y = np.arange(1000)
+    path = write_store(tmp_path / "s.zarr", X, y, chunk_rows=300)
+    for source in (path, f"file://{path}"):
+        data = open_dataset(source)
+        assert isinstance(data.X, da.Array) and data.row_chunks == (300, 300, 300, 100)
+        assert data.y.chunks[0] == data.X.chunks[0]
+        np.testing.assert_array_equal(data.X.compute(), X)
+
+
+def test_memory_url_store_round_trip():
+    X = np.ones((40, 3), dtype=np.float32)
+    g = zarr.open_group("memory://dkernel-test.zarr", mode="w")
+    g.create_array("X", shape=X.shape, chunks=(16, 3), dtype=X.dtype)[:] = X
+    data = open_dataset("memory://dkernel-test.zarr")
+    with dask.config.set(scheduler="sync"):  # memory:// lives in this process only
+        assert data.X.sum().compute() == 120
+    assert data.y is None and data.row_chunks == (16, 16, 8)
+
+
+def test_column_chunked_dask_input_is_rechunked_to_whole_rows():
+    X = da.ones((100, 10), chunks=(25, 5))
+    data = open_dataset(X)
+    assert data.X.chunks[1] == (10,) and data.n_chunks == 4
+
+
+def test_numpy_input_is_chunked_by_rows_and_kept_for_scattering():
+    X = np.zeros((50, 2))
+    data = open_dataset(X, np.zeros(50), chunk_rows=20)
+    assert data.row_chunks == (20, 20, 10) and data.host is not None
+
+
+def test_failed_store_write_leaves_nothing(tmp_path):
+    target = tmp_path / "out.zarr"
+    with pytest.raises(RuntimeError):
+        with atomic_store(target) as g:
+            g.create_array("X", shape=(2, 2), dtype="f4")
+            raise RuntimeError("disk full")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_store_is_not_overwritten_by_default(tmp_path):
+    path = write_store(tmp_path / "s.zarr", np.ones((4, 2)))
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_store(path, np.ones((4, 2)))
