@@ -104,3 +104,37 @@ def test_engine_options_default_lanes_bounded_by_chunks(client):
     data = open_dataset(np.ones((10, 2), np.float32), chunk_rows=5)
     plan = Engine(client, EngineOptions(lanes=8)).plan(data, 4, 0)
     assert plan.lanes == 2
+
+
+def _cache_stats():
+    from dkernel.engine import cache
+
+    return cache.stats()
+
+
+def _set_cache_fraction(value):
+    import dask
+
+    from dkernel.engine import cache
+
+    cache.clear()
+    dask.config.set({"dkernel.cache-fraction": value})
+
+
+def test_worker_cache_serves_later_epochs_and_streaming_gives_the_same_model(client):
+    X, y = make_blobs_classification(1600, 6)
+    Xd, yd = da.from_array(X, chunks=(400, 6)), da.from_array(y, chunks=400)
+    kw = dict(n_features=512, block_size=128, n_epochs=3, batch_size=128, bandwidth=2.0, client=client)
+    try:
+        client.run(_set_cache_fraction, 0.4)
+        cached = DSGClassifier(**kw).fit(Xd, yd)
+        stats = client.run(_cache_stats).values()
+        # 4 chunks x 4 blocks are computed once; every later use is a hit
+        assert sum(s["misses"] for s in stats) <= 16 + 4
+        assert sum(s["hits"] for s in stats) > 10 * sum(s["misses"] for s in stats)
+        client.run(_set_cache_fraction, 0.0)  # nothing fits: regenerate rows from seeds
+        streamed = DSGClassifier(**kw).fit(Xd, yd)
+        assert sum(s["declined"] for s in client.run(_cache_stats).values()) > 0
+    finally:
+        client.run(_set_cache_fraction, 0.4)
+    np.testing.assert_allclose(streamed.coef_, cached.coef_, rtol=1e-4, atol=1e-6)

@@ -31,7 +31,7 @@ from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine.checkpoint import Checkpointer
-from dkernel.engine.program import StepProgram
+from dkernel.engine.program import Chunk, StepProgram
 from dkernel.engine.progress import Progress
 
 
@@ -71,8 +71,13 @@ def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> 
     return X.astype(dtype, copy=False), y
 
 
-def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None) -> dict:
+def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None,
+                 key: Any = None, constants: dict | None = None) -> dict:
     X, y = chunk
+    if constants is not None:  # step-independent arrays, shipped once per run (StepProgram.constants)
+        payload = {**payload, **constants}
+    if key is not None:
+        return fn(payload, Chunk(X, y, rows, key))
     if rows is not None:
         X = X[rows]
         y = None if y is None else y[rows]
@@ -108,6 +113,7 @@ class _ChunkSource:
         self.offsets = data.row_offsets()
         self._resident: dict[int, Future] | None = None
         self._validated: set[int] = set()
+        self._workers: list[str] | None = None
 
     def _scatter_all(self) -> None:
         Xh, yh = self.data.host
@@ -115,6 +121,13 @@ class _ChunkSource:
                  for a, b in zip(self.offsets[:-1], self.offsets[1:])]
         futs = self.client.scatter(parts, hash=False)
         self._resident = dict(enumerate(futs))
+
+    def home(self, c: int) -> list[str] | None:
+        """Chunk c is read on the same worker every epoch (when it is alive),
+        so blocks cached from it on that worker are found again."""
+        if self._workers is None:
+            self._workers = sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+        return [self._workers[c % len(self._workers)]] if self._workers else None
 
     def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
         if self.data.host is not None:
@@ -128,8 +141,9 @@ class _ChunkSource:
             # NaN/inf are checked on the worker the first time each chunk is read.
             validate = c not in self._validated
             self._validated.add(c)
-            out[c] = self.client.compute(dask.delayed(_load_chunk, pure=False)(
-                xb, yb, int(self.offsets[c]), self.dtype, validate))
+            out[c] = self.client.compute(
+                dask.delayed(_load_chunk, pure=False)(xb, yb, int(self.offsets[c]), self.dtype, validate),
+                workers=self.home(c), allow_other_workers=True)
         return out
 
 
@@ -162,6 +176,8 @@ class Engine:
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         source = _ChunkSource(self.client, data, opts.dtype)
+        constants = program.constants()
+        extra = () if constants is None else (_ship(self.client, constants),)
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
@@ -187,7 +203,10 @@ class Engine:
                     payload = program.payload(state, step)
                     payload = _ship(self.client, payload)
                     futs = [self.client.submit(_run_partial, type(program).partial, payload,
-                                               current[c], slices[c][j], pure=False)
+                                               current[c], slices[c][j],
+                                               (data.X.name, c) if program.wants_chunk else None,
+                                               *extra, workers=source.home(c), allow_other_workers=True,
+                                               pure=False)
                             for c in group if j < len(slices[c])]
                     total = tree_sum(self.client, futs)
                     state = program.update(state, total, step)
@@ -286,10 +305,16 @@ class Engine:
         return result
 
 
+# Payloads up to this size travel inside the tasks: measured on Fashion-MNIST
+# DSG steps (330 kB of coefficients, 4 tasks), embedding took 34 ms a step
+# against 71 ms for a broadcast scatter's extra round trips.
+_SCATTER_BYTES = 8 << 20
+
+
 def _ship(client: Client, payload: Any) -> Any:
     """Broadcast a large payload to every worker once instead of embedding it in
     each task (wrapped in a list: scatter would split a dict into keys)."""
-    if _nbytes(payload) <= 1 << 16:
+    if _nbytes(payload) <= _SCATTER_BYTES:
         return payload
     return client.scatter([payload], broadcast=True, hash=False)[0]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -11,6 +12,31 @@ import numpy as np
 #: chunks.  It must be a pure, module-level function (picklable, retry-safe)
 #: and report the number of rows it saw under ``"count"``.
 PartialFn = Callable[[Any, Any, Any], dict[str, Any]]
+
+
+@dataclass
+class Chunk:
+    """A whole data chunk plus the rows one task uses; given to partials of
+    programs with ``wants_chunk = True`` so they can cache per-chunk blocks.
+
+    ``key`` identifies the chunk's data across epochs and tasks (dataset
+    token, chunk index); ``rows`` are indices into the chunk (None: all).
+    """
+
+    X: Any
+    y: Any
+    rows: Any
+    key: Hashable
+
+    @property
+    def X_rows(self) -> Any:
+        return self.X if self.rows is None else self.X[self.rows]
+
+    @property
+    def y_rows(self) -> Any:
+        if self.y is None or self.rows is None:
+            return self.y
+        return self.y[self.rows]
 
 
 class StepProgram:
@@ -23,6 +49,9 @@ class StepProgram:
 
     partial: PartialFn
     label: str = "fit"
+    #: When True the engine calls ``partial(payload, chunk: Chunk)`` instead of
+    #: ``partial(payload, X_rows, y_rows)``.
+    wants_chunk: bool = False
 
     def init_state(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -30,6 +59,12 @@ class StepProgram:
     def payload(self, state: dict[str, Any], step: int) -> Any:
         """What every task of ``step`` receives (coefficients, seeds...)."""
         raise NotImplementedError
+
+    def constants(self) -> dict[str, Any] | None:
+        """Large step-independent arrays (e.g. kernel centers) that every task
+        needs: the engine broadcasts them once per run and merges them into
+        each step's payload on the worker.  None (the default): nothing."""
+        return None
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         """Coordinator update from the summed partial results of one step."""

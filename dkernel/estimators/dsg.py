@@ -147,7 +147,7 @@ class _DSGBase(BaseEstimator):
 
 
 def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
-    return decision(features, coef, Xb.astype(features.dtype, copy=False))[0]
+    return decision(features, coef, Xb.astype(features.dtype, copy=False))
 
 
 class DSGRegressor(_DSGBase):

@@ -15,7 +15,11 @@ Iteration t (Dai et al. Alg. 1, with mini-batches and blocks of width B):
     \gamma_t = \theta_0 / (1 + \theta_1 t)
 
 Evaluating f on the batch uses every active block, so a step costs
-O(m P B d); the pool cap ``n_features = P B`` bounds it.
+O(m P B d); the pool cap ``n_features = P B`` bounds it.  Workers keep the
+blocks Phi_j(X_c) of the chunks they hold in the engine's bounded cache
+(:mod:`dkernel.engine.cache`), so once the pool is built and cached an
+epoch costs O(n P B c) instead of O(n P B d); when the cache is full the
+rows' blocks are regenerated from their seeds.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from dkernel.backend import asarray_like, namespace
-from dkernel.engine.program import StepProgram
+from dkernel.engine import cache
+from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.losses import get_loss
 from dkernel.solvers.targets import TargetEncoding
@@ -36,41 +41,45 @@ from dkernel.solvers.targets import TargetEncoding
 _TILE_COLUMNS = 2048
 
 
-def decision(features: FeatureMap, coef: Any, X: Any, keep_block: int | None = None) -> tuple[Any, Any]:
-    """f(X) = Phi(X) coef over ``coef.shape[0] // B`` blocks, tile by tile.
-
-    Returns (f, phi of block ``keep_block`` or None) so a step that revisits a
-    block reuses its features instead of regenerating them.
-    """
+def decision(features: FeatureMap, coef: Any, X: Any) -> Any:
+    """f(X) = Phi(X) coef over ``coef.shape[0] // B`` blocks, tile by tile."""
     xp = namespace(X)
     B = features.block_size
     n_blocks = coef.shape[0] // B
     f = xp.zeros((X.shape[0], coef.shape[1]), dtype=np.dtype(features.dtype))
-    kept = None
     per_tile = max(1, _TILE_COLUMNS // B)
     for start in range(0, n_blocks, per_tile):
         ids = list(range(start, min(n_blocks, start + per_tile)))
-        Phi = features.blocks(X, ids)
-        f += Phi @ coef[start * B : (start + len(ids)) * B]
-        if keep_block is not None and start <= keep_block < start + len(ids):
-            k = keep_block - start
-            kept = Phi[:, k * B : (k + 1) * B].copy()
-    return f, kept
+        f += features.blocks(X, ids) @ coef[start * B : (start + len(ids)) * B]
+    return f
 
 
-def dsg_partial(payload: dict, X: Any, y: Any) -> dict:
+def block_rows(features: FeatureMap, chunk: Chunk, block_id: int) -> Any:
+    """phi_{w_j}(X_c)[rows]: from the worker cache (filled for the whole chunk
+    on first use), or regenerated for the rows alone when it does not fit."""
+    nbytes = chunk.X.shape[0] * features.block_size * np.dtype(features.dtype).itemsize
+    full = cache.lookup_or_fill((chunk.key, features, block_id),
+                                lambda: features.block(chunk.X, block_id), nbytes)
+    if full is None:
+        return features.block(chunk.X_rows, block_id)
+    return full if chunk.rows is None else full[chunk.rows]
+
+
+def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     """Worker side of one step: f on the rows, loss derivative, block gradient."""
     features: FeatureMap = payload["features"]
     encoding: TargetEncoding = payload["encoding"]
     dt = np.dtype(features.dtype)
-    coef = asarray_like(payload["coef"], X)
-    block = payload["block"]
-    Y = encoding.encode(y, dt)
-    f, phi = decision(features, coef, X, keep_block=block)
-    if phi is None:
-        phi = features.block(X, block)
-    value, dl = get_loss(payload["loss"])(f, Y)
+    X = chunk.X_rows
     xp = namespace(X)
+    coef = asarray_like(payload["coef"], X)
+    block, B = payload["block"], features.block_size
+    Y = encoding.encode(chunk.y_rows, dt)
+    f = xp.zeros((X.shape[0], coef.shape[1]), dtype=dt)
+    for j in range(coef.shape[0] // B):  # f(x_b) over every active block
+        f += block_rows(features, chunk, j) @ coef[j * B : (j + 1) * B]
+    value, dl = get_loss(payload["loss"])(f, Y)
+    phi = block_rows(features, chunk, block)
     return {"grad": (phi.T @ dl).astype(np.float64), "loss": float(xp.sum(value)),
             "count": X.shape[0]}
 
@@ -89,6 +98,7 @@ class DSGProgram(StepProgram):
     label: str = "dsg"
 
     partial = staticmethod(dsg_partial)
+    wants_chunk = True
 
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
