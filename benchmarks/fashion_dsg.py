@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--bandwidth", type=float, default=5.0)
-    p.add_argument("--step-size", type=float, default=50.0)
+    p.add_argument("--step-size", default="auto", type=lambda v: v if v == "auto" else float(v))
     p.add_argument("--step-decay", type=float, default=0.002)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--skip-sklearn", action="store_true")

@@ -94,3 +94,16 @@ def test_auto_bandwidth_is_the_median_heuristic_computed_from_a_sample(client, t
     d = np.sqrt(((X[:300, None, :] - X[None, :300, :]) ** 2).sum(-1))
     expect = np.median(d[np.triu_indices(300, 1)]) / np.sqrt(2)
     assert m.bandwidth_ == pytest.approx(expect, rel=0.1)
+
+
+def test_automatic_step_is_scaled_by_the_top_kernel_eigenvalue(client):
+    from dkernel.estimators.dsg import _STEP_SCALE
+    from dkernel.kernels import top_eigenvalue
+
+    X, y = make_blobs_classification(1000, 5)
+    m = DSGClassifier(n_features=256, n_epochs=1, bandwidth=1.5, client=client).fit(X, y)
+    rng = np.random.default_rng([0, 0xBA4D])
+    sample = X[np.sort(rng.choice(1000, 1000, replace=False))].astype(np.float64)
+    assert m.step_size_ == pytest.approx(_STEP_SCALE["softmax"] / top_eigenvalue(sample, "gaussian", 1.5))
+    K = np.exp(-((X[:, None] - X[None]) ** 2).sum(-1) / (2 * 1.5**2)) / len(X)
+    assert top_eigenvalue(X, "gaussian", 1.5) == pytest.approx(np.linalg.eigvalsh(K)[-1], rel=1e-6)

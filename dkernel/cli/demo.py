@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
               f"{client.scheduler.address}")
         t1 = time.perf_counter()
         model = DSGClassifier(n_features=args.features, n_epochs=args.epochs, random_state=args.seed,
-                              bandwidth=2.0, step_size=50.0, step_decay=0.0, client=client,
-                              verbose=True)
+                              bandwidth=2.0, client=client, verbose=True)
         model.fit(train)
         print(f"[3/4] fitted DSGClassifier (bandwidth {model.bandwidth_:.3g}) in "
               f"{time.perf_counter() - t1:.1f}s")
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
     print("The same with individual commands:\n"
           f"  dkernel fit {train} --solver dsg --task classification --bandwidth 2 "
-          f"--features {args.features} --epochs {args.epochs} --step-size 50 --step-decay 0 "
+          f"--features {args.features} --epochs {args.epochs} "
           f"--out {model_path}\n"
           f"  dkernel evaluate {model_path} {test} --json")
     return 0

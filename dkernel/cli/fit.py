@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=float, help="regularisation strength")
     p.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
     p.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
-    p.add_argument("--step-size", dest="step_size", type=float)
+    p.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
+                   help="initial step, a number or 'auto' (dsg)")
     p.add_argument("--step-decay", dest="step_decay", type=float)
     p.add_argument("--lanes", type=int, help="chunks that share one step")
     p.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")

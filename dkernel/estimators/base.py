@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-import dask
 import dask.array as da
 import numpy as np
 
@@ -90,17 +89,28 @@ def check_common_params(est: Any) -> None:
         raise ValueError(f"random_state must be a non-negative integer seed, got {est.random_state!r}")
 
 
-def resolve_bandwidth(bandwidth: Any, kernel: str, data: Dataset, random_state: int, client: Any) -> float:
-    """A numeric bandwidth as given, or the median heuristic computed on the cluster."""
-    if not (isinstance(bandwidth, str) and bandwidth == "auto"):
-        return float(bandwidth)
+def sample_rows(data: Dataset, random_state: int, client: Any, size: int = _BANDWIDTH_SAMPLE) -> np.ndarray:
+    """A seeded random sample of rows of X, gathered by the cluster (one small read)."""
     n = data.n_rows
     rng = np.random.default_rng([int(random_state), 0xBA4D])
-    idx = np.sort(rng.choice(n, size=min(n, _BANDWIDTH_SAMPLE), replace=False))
+    idx = np.sort(rng.choice(n, size=min(n, size), replace=False))
     if data.host is not None:
-        return median_heuristic(data.host[0][idx], kernel)
-    sample = data.X[idx]
-    return float(client.compute(dask.delayed(median_heuristic)(sample, kernel)).result())
+        sample = np.asarray(data.host[0][idx], dtype=np.float64)
+    else:
+        sample = np.asarray(client.compute(data.X[idx]).result(), dtype=np.float64)
+    bad = ~np.isfinite(sample).all(axis=1)
+    if bad.any():
+        raise ValueError(
+            f"X contains NaN or infinity in {int(bad.sum())} sampled row(s) "
+            f"(first bad row: {int(idx[bad][0])}); drop or impute those rows before fitting")
+    return sample
+
+
+def resolve_bandwidth(bandwidth: Any, kernel: str, sample: np.ndarray) -> float:
+    """A numeric bandwidth as given, or the median heuristic on ``sample``."""
+    if not (isinstance(bandwidth, str) and bandwidth == "auto"):
+        return float(bandwidth)
+    return median_heuristic(sample, kernel)
 
 
 def discover_classes(data: Dataset, client: Any) -> np.ndarray:

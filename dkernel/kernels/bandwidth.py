@@ -1,4 +1,5 @@
-"""Bandwidth heuristics computed on a small sample of rows."""
+"""Scale heuristics computed on a small sample of rows: the bandwidth, and the
+top eigenvalue of the kernel operator that bounds stable step sizes."""
 
 from __future__ import annotations
 
@@ -32,3 +33,20 @@ def median_heuristic(sample: np.ndarray, kernel: str) -> float:
         )
     med = float(np.median(d))
     return med if kernel == "laplacian" else med / np.sqrt(2.0)
+
+
+def top_eigenvalue(sample: np.ndarray, kernel: str, bandwidth: float) -> float:
+    """lambda_1 of the empirical kernel operator K(S, S) / |S|.
+
+    Gradient steps on a kernel model are stable for step * curvature *
+    lambda_1 < 2 (Ma & Belkin 2017, section 3), so this sets the scale of a
+    default step size.  A 1000-row sample estimates it to a few percent.
+    """
+    from scipy.linalg import eigh
+
+    from dkernel.kernels.exact import kernel_matrix
+
+    S = np.asarray(sample, dtype=np.float64)
+    K = kernel_matrix(S, S, kernel, bandwidth)
+    n = S.shape[0]
+    return float(eigh(K / n, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0])
