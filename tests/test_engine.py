@@ -138,3 +138,32 @@ def test_worker_cache_serves_later_epochs_and_streaming_gives_the_same_model(cli
     finally:
         client.run(_set_cache_fraction, 0.4)
     np.testing.assert_allclose(streamed.coef_, cached.coef_, rtol=1e-4, atol=1e-6)
+
+
+def test_losing_a_worker_mid_fit_redoes_the_step_and_gives_the_same_model():
+    import os
+    import signal
+
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.dsg import DSGProgram
+    from dkernel.solvers.targets import TargetEncoding
+
+    X, y = make_blobs_classification(2000, 6)
+    data = open_dataset(X, y, chunk_rows=250)  # in memory: chunks are scattered, not recomputable
+    program = DSGProgram(FeatureMap("gaussian", 2.0, 6, 128, 1), "softmax",
+                         TargetEncoding("onehot", classes=(0, 1, 2)), 4, 1e-6, 10.0, 1e-3)
+    kw = dict(n_epochs=3, batch_size=64, random_state=1)
+    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+        reference = Engine(c).run_steps(data, program, **kw)
+        killed = []
+
+        def kill_one_worker(state, epoch):
+            if epoch == 0:
+                pid = next(iter(c.run(os.getpid).values()))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+        state = Engine(c).run_steps(data, program, on_epoch=kill_one_worker, **kw)
+    assert killed
+    assert np.array_equal(state["coef"], reference["coef"]) and state["scale"] == reference["scale"]

@@ -19,6 +19,7 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -122,6 +123,12 @@ class _ChunkSource:
         futs = self.client.scatter(parts, hash=False)
         self._resident = dict(enumerate(futs))
 
+    def refresh(self) -> None:
+        """Forget futures and worker placement after a worker was lost; scattered
+        in-memory chunks are sent again on the next ``get``."""
+        self._resident = None
+        self._workers = None
+
     def home(self, c: int) -> list[str] | None:
         """Chunk c is read on the same worker every epoch (when it is alive),
         so blocks cached from it on that worker are found again."""
@@ -193,22 +200,34 @@ class Engine:
             step = skipped
             loaded = source.get(todo[0]) if todo else {}
             for gi, group in enumerate(todo):
-                current = loaded
+                current = loaded or source.get(group)
                 loaded = source.get(todo[gi + 1]) if gi + 1 < len(todo) else {}  # prefetch
                 slices = {c: plan.row_slices(epoch, c) for c in group}
                 for j in range(plan.group_steps(group)):
                     if step < start:
                         step += 1
                         continue
-                    payload = program.payload(state, step)
-                    payload = _ship(self.client, payload)
-                    futs = [self.client.submit(_run_partial, type(program).partial, payload,
-                                               current[c], slices[c][j],
-                                               (data.X.name, c) if program.wants_chunk else None,
-                                               *extra, workers=source.home(c), allow_other_workers=True,
-                                               pure=False)
-                            for c in group if j < len(slices[c])]
-                    total = tree_sum(self.client, futs)
+                    payload = _ship(self.client, program.payload(state, step))
+                    for attempt in range(_STEP_RETRIES + 1):
+                        futs = [self.client.submit(_run_partial, type(program).partial, payload,
+                                                   current[c], slices[c][j],
+                                                   (data.X.name, c) if program.wants_chunk else None,
+                                                   *extra, workers=source.home(c),
+                                                   allow_other_workers=True, pure=False)
+                                for c in group if j < len(slices[c])]
+                        try:
+                            total = tree_sum(self.client, futs)
+                            break
+                        except CancelledError:
+                            # A worker died holding data this step needs (Dask cannot
+                            # recompute scattered data): send it again and redo the step,
+                            # a pure function of the state, so the model does not change.
+                            if attempt == _STEP_RETRIES:
+                                raise
+                            source.refresh()
+                            current, loaded = source.get(group), {}
+                            payload = _ship(self.client, program.payload(state, step))
+                            extra = () if constants is None else (_ship(self.client, constants),)
                     state = program.update(state, total, step)
                     step += 1
                     if ckpt.due(step):
@@ -304,6 +323,9 @@ class Engine:
         progress.close()
         return result
 
+
+# Times a step is redone after losing a worker before the fit gives up.
+_STEP_RETRIES = 3
 
 # Payloads up to this size travel inside the tasks: measured on Fashion-MNIST
 # DSG steps (330 kB of coefficients, 4 tasks), embedding took 34 ms a step
