@@ -12,3 +12,5 @@ from dkernel.io import load_model, save_model
 __all__ = ["__version__", "open_dataset", "DSGClassifier", "DSGRegressor", "load_model", "save_model"]
 from dkernel.estimators import SphereRegressor  # noqa: E402,F401
 __all__ += ["SphereRegressor"]
+from dkernel.estimators import EigenProClassifier, EigenProRegressor  # noqa: E402,F401
+__all__ += ["EigenProClassifier", "EigenProRegressor"]

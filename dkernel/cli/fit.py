@@ -39,9 +39,25 @@ def _build_sphere(args: argparse.Namespace) -> Any:
     return SphereRegressor(**kw)
 
 
+def _build_eigenpro(args: argparse.Namespace) -> Any:
+    """Kernel form by default (all rows, or ``--centers P``); ``--features D`` for EigenPro-RF."""
+    from dkernel import EigenProClassifier, EigenProRegressor
+
+    cls = EigenProClassifier if args.task == "classification" else EigenProRegressor
+    kw: dict[str, Any] = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
+    for flag, param in (("centers", "n_centers"), ("features", "n_features"), ("epochs", "n_epochs"),
+                        ("batch_size", "batch_size"), ("step_size", "step_size"),
+                        ("block_size", "block_size"), ("lanes", "lanes")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[param] = value
+    return cls(**kw)
+
+
 #: solver name -> builder(args) returning an unfitted estimator.
 SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
 SOLVERS["sphere"] = _build_sphere
+SOLVERS["eigenpro"] = _build_eigenpro
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,507 @@
+"""EigenProRegressor / EigenProClassifier: preconditioned kernel least squares
+(Ma & Belkin 2017); kernel form (Table 2) or random-feature form (Table 1)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from dkernel.data.dataset import Dataset, open_dataset
+from dkernel.data.validate import check_positive
+from dkernel.engine import Engine, connect
+from dkernel.engine import cache as worker_cache
+from dkernel.estimators.base import (
+    BaseEstimator,
+    check_common_params,
+    check_predict_input,
+    discover_classes,
+    resolve_bandwidth,
+    sample_rows,
+)
+from dkernel.features import FeatureMap
+from dkernel.kernels import kernel_diagonal_max
+from dkernel.linalg import eigensystem
+from dkernel.solvers.eigenpro import (
+    CACHE_MODES,
+    KernelEigenProProgram,
+    KernelPreconditioner,
+    choose_q,
+    critical_batch,
+    kernel_block,
+    predict_kernel,
+    step_size,
+)
+from dkernel.solvers.eigenpro_rf import (
+    FeatureEigenProProgram,
+    FeaturePreconditioner,
+    choose_q_rf,
+    feature_block,
+)
+from dkernel.solvers.targets import TargetEncoding
+
+_MAX_AUTO_CENTERS = 100_000
+
+
+class _EigenProBase(BaseEstimator):
+    _task = ""
+
+    def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
+                 n_centers: int | None = None, n_features: int | None = None, q: int | None = None,
+                 subsample_size: int | None = None, damping: float | None = None,
+                 batch_size: int | None = None, step_size: float | None = None,
+                 max_batch: int | None = None, n_epochs: int = 10, block_size: int = 1024,
+                 kernel_cache: str = "auto", early_stopping: bool = False,
+                 validation_fraction: float = 0.1, n_iter_no_change: int = 2, lanes: int = 4,
+                 random_state: int = 0, client: Any = None, verbose: bool = False,
+                 checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+        self.n_centers = n_centers
+        self.n_features = n_features
+        self.q = q
+        self.subsample_size = subsample_size
+        self.damping = damping
+        self.batch_size = batch_size
+        self.step_size = step_size
+        self.max_batch = max_batch
+        self.n_epochs = n_epochs
+        self.block_size = block_size
+        self.kernel_cache = kernel_cache
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.lanes = lanes
+        self.random_state = random_state
+        self.client = client
+        self.verbose = verbose
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+
+    # checks -------------------------------------------------------------------
+    def _check_params(self) -> None:
+        # n_features / batch_size may be None here (automatic), so only the shared ones
+        check_common_params(SimpleNamespace(kernel=self.kernel, bandwidth=self.bandwidth,
+                                            n_epochs=self.n_epochs, random_state=self.random_state))
+        for name in ("n_features", "batch_size"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name), integer=True)
+        if self.n_centers is not None and self.n_features is not None:
+            raise ValueError("give n_centers (kernel form) or n_features (random-feature form), not both")
+        for name in ("n_centers", "q", "subsample_size", "max_batch", "block_size", "lanes",
+                     "n_iter_no_change"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name), integer=True)
+        if self.step_size is not None:
+            check_positive("step_size", self.step_size)
+        if self.damping is not None and not (0 < self.damping <= 1):
+            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        if self.kernel_cache not in ("auto",) + CACHE_MODES:
+            raise ValueError(f"kernel_cache={self.kernel_cache!r}; choose 'auto', "
+                             + ", ".join(repr(m) for m in CACHE_MODES))
+        if not (0 < self.validation_fraction < 1):
+            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}")
+
+    @property
+    def _form(self) -> str:
+        return "features" if self.n_features is not None else "kernel"
+
+    def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
+        raise NotImplementedError
+
+    # fit ---------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None) -> _EigenProBase:
+        """Fit on X (array or store path) and y (or the store's ``y``)."""
+        self._check_params()
+        data = open_dataset(X, y, require_y=True)
+        with connect(self.client) as client:
+            bandwidth = self.bandwidth
+            if isinstance(bandwidth, str):
+                bandwidth = resolve_bandwidth(bandwidth, self.kernel,
+                                              sample_rows(data, self.random_state, client))
+            encoding = self._encoding(data, client)
+            rng = np.random.default_rng([int(self.random_state), 0xE16])
+            val = None
+            if self.early_stopping:
+                perm = rng.permutation(data.n_rows)
+                n_val = max(1, int(round(self.validation_fraction * data.n_rows)))
+                val = _subset(data, np.sort(perm[:n_val]))
+                data = _subset(data, np.sort(perm[n_val:]))
+            engine = Engine(client, self._engine_options())
+            if self._form == "kernel":
+                self._fit_kernel(engine, client, data, val, bandwidth, encoding, rng)
+            else:
+                self._fit_features(engine, data, val, bandwidth, encoding)
+        return self
+
+    def _fit_kernel(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
+                    bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator) -> None:
+        n = data.n_rows
+        p = self.n_centers if self.n_centers is not None else min(n, _MAX_AUTO_CENTERS)
+        if p < n:  # the centers are p training rows, and the fit uses those rows (Table 2)
+            data = _subset(data, np.sort(rng.choice(n, size=p, replace=False)))
+        p = data.n_rows
+        centers = _rows_as_float32(data, client)
+        s = min(p, self.subsample_size or (2000 if n < 100_000 else 12_000))
+        sub_idx = np.sort(rng.choice(p, size=s, replace=False))
+        alpha = 0.95 if self.damping is None else float(self.damping)
+        beta = kernel_diagonal_max(self.kernel)
+        n_pairs = min(s, (self.q + 1) if self.q is not None else 1001)
+        n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        # K(S, S) / s as row chunks of S spread over the workers (y = row index in S)
+        S = open_dataset(centers[sub_idx], np.arange(s), chunk_rows=math.ceil(s / (2 * n_workers)))
+        eig = eigensystem(engine, S, kernel_block,
+                          {"Z": centers[sub_idx], "kernel": self.kernel, "bandwidth": bandwidth},
+                          n_pairs, s, operator="rows", random_state=int(self.random_state),
+                          label="eigenpro preconditioner")
+        max_batch = int(self.max_batch or min(s, p))
+        q = min(self.q, n_pairs - 1) if self.q is not None else choose_q(eig.values, alpha, beta, max_batch)
+        pre = KernelPreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, alpha)
+        m_star = critical_batch(beta, pre.new_top)
+        batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
+        mode = self._cache_mode(client, data, p)
+        token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
+        program = KernelEigenProProgram(centers, sub_idx, pre, self.kernel, bandwidth, encoding, beta,
+                                        data.row_offsets(), mode, token)
+        if self.step_size is not None:
+            program.eta_override = float(self.step_size)
+        evaluate = None
+        if val is not None:
+            def evaluate(state: dict) -> float:
+                return _validation_score(engine, val, encoding, self._task,
+                                         {"kind": "kernel", "centers": centers, "kernel": self.kernel,
+                                          "bandwidth": bandwidth, "coef": state["coef"]})
+        state = self._run(engine, data, program, batch, evaluate, "coef")
+        self.form_ = "kernel"
+        self.centers_ = centers
+        self.coef_ = state["coef"]
+        self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
+                         pre.new_top, eig.method, mode, s)
+
+    def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
+                      encoding: TargetEncoding) -> None:
+        B = min(int(self.block_size), int(self.n_features))
+        n_blocks = math.ceil(int(self.n_features) / B)
+        D = n_blocks * B
+        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+        n_pairs = min(D, (self.q + 1) if self.q is not None else min(D, 1001))
+        eig = eigensystem(engine, data, feature_block, {"features": features, "n_blocks": n_blocks},
+                          n_pairs, D, operator="gram", random_state=int(self.random_state),
+                          label="eigenpro-rf preconditioner")
+        tau = 0.25 if self.damping is None else float(self.damping)  # paper 4.1: tau = 1/4 for RF
+        beta = float(eig.row_norm_max)
+        max_batch = int(self.max_batch or min(2000, data.n_rows))
+        q = min(self.q, n_pairs - 1) if self.q is not None else choose_q_rf(eig.values, beta, max_batch)
+        pre = FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau)
+        m_star = critical_batch(beta, pre.new_top)
+        batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
+        program = FeatureEigenProProgram(features, n_blocks, pre, encoding, beta)
+        if self.step_size is not None:
+            program.eta_override = float(self.step_size)
+        evaluate = None
+        if val is not None:
+            def evaluate(state: dict) -> float:
+                return _validation_score(engine, val, encoding, self._task,
+                                         {"kind": "features", "features": features, "n_blocks": n_blocks,
+                                          "coef": state["theta"]})
+        state = self._run(engine, data, program, batch, evaluate, "theta")
+        self.form_ = "features"
+        self.features_ = features
+        self.coef_ = state["theta"]
+        self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
+                         pre.new_top, eig.method, "worker-cache", None)
+
+    def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
+             key: str) -> dict:
+        self.validation_scores_ = []
+        best: dict[str, Any] = {}
+
+        def on_epoch(state: dict, epoch: int) -> None:
+            if evaluate is None:
+                return
+            score = evaluate(state)
+            self.validation_scores_.append(score)
+            if not best or score > best["score"]:
+                best.update(score=score, coef=state[key].copy(), epoch=epoch)
+            elif epoch - best["epoch"] >= int(self.n_iter_no_change):
+                program.stop = True
+
+        state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
+                                 random_state=int(self.random_state), on_epoch=on_epoch)
+        if best:
+            state = {key: best["coef"]}
+            self.best_epoch_ = best["epoch"] + 1
+        return state
+
+    def _cache_mode(self, client: Any, data: Dataset, p: int) -> str:
+        """float32 kernel rows if every worker's share fits its cache budget, else
+        packed bfloat16 if that fits, else streaming recomputation."""
+        if self.kernel_cache != "auto":
+            return self.kernel_cache
+        # as tasks, not client.run: the worker's memory limit is only visible inside a task
+        workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
+        if not workers:
+            return "off"
+        budgets = dict(zip(workers, client.gather([client.submit(worker_cache.budget, workers=[w],
+                                                                 allow_other_workers=False, pure=False)
+                                                   for w in workers])))
+        share = np.zeros(len(workers))
+        for c, rows in enumerate(data.row_chunks):  # the engine homes chunk c on worker c % n
+            share[c % len(workers)] += rows
+        need = float(share.max()) * p
+        room = min(budgets.values())
+        if need * 4 <= room:
+            return "float32"
+        if need * 2 <= room:
+            return "bfloat16"
+        return "off"
+
+    def _set_common(self, bandwidth: float, encoding: TargetEncoding, n_inputs: int,
+                    eigenvalues: np.ndarray, q: int, batch: int, m_star: float, beta: float,
+                    lam_new: float, method: str, cache_mode: str, s: int | None) -> None:
+        self.bandwidth_ = float(bandwidth)
+        self.encoding_ = encoding
+        self.n_features_in_ = int(n_inputs)
+        self.eigenvalues_ = np.asarray(eigenvalues, dtype=np.float64)
+        self.q_ = int(q)
+        self.batch_size_ = int(batch)
+        self.critical_batch_ = float(m_star)
+        self.beta_ = float(beta)
+        eta = self.step_size if self.step_size is not None else step_size(batch, beta, lam_new)
+        self.step_size_ = float(eta)
+        self.eigensolver_ = method
+        self.kernel_cache_ = cache_mode
+        self.subsample_size_ = s
+        if self.verbose:
+            print(f"eigenpro: q={self.q_} lambda_1={self.eigenvalues_[0]:.4g} "
+                  f"lambda_q+1={self.eigenvalues_[self.q_]:.4g} m*={m_star:.0f} batch={batch} "
+                  f"eta={eta:.4g} cache={cache_mode} eigensolver={method}", flush=True)
+
+    # predict -----------------------------------------------------------------------
+    def decision_function(self, X: Any) -> Any:
+        """Raw scores f(X), shape (n,) for one output else (n, c); lazy for dask input."""
+        self._check_fitted("coef_")
+        X = check_predict_input(X, self.n_features_in_)
+        c = self.coef_.shape[1]
+        spec = self._predict_spec()
+        if isinstance(X, da.Array):
+            if len(X.chunks[1]) > 1:
+                X = X.rechunk({1: -1})
+            spec_d = dask.delayed(spec, pure=True)
+            parts = [da.from_delayed(dask.delayed(_predict_block)(b, spec_d), shape=(rows, c), dtype=np.float32)
+                     for b, rows in zip(X.to_delayed().ravel(), X.chunks[0])]
+            f = da.concatenate(parts, axis=0)
+        else:
+            f = _predict_block(np.asarray(X), spec)
+        return f[:, 0] if c == 1 else f
+
+    def _predict_spec(self) -> dict:
+        if self.form_ == "kernel":
+            return {"kind": "kernel", "centers": self.centers_, "kernel": self.kernel,
+                    "bandwidth": self.bandwidth_, "coef": self.coef_}
+        B = self.features_.block_size
+        return {"kind": "features", "features": self.features_, "n_blocks": self.coef_.shape[0] // B,
+                "coef": self.coef_}
+
+    # model files ---------------------------------------------------------------------
+    def _get_model_state(self) -> tuple[dict, dict]:
+        self._check_fitted("coef_")
+        e = self.encoding_
+        arrays = {"coef": self.coef_, "eigenvalues": self.eigenvalues_, "classes": np.asarray(e.classes),
+                  "offset": np.asarray(e.offset, dtype=np.float64)}
+        meta = {"form": self.form_, "encoding": e.kind, "bandwidth": self.bandwidth_,
+                "n_features_in": self.n_features_in_, "q": self.q_, "batch_size": self.batch_size_,
+                "critical_batch": self.critical_batch_, "step_size": self.step_size_, "beta": self.beta_,
+                "eigensolver": self.eigensolver_, "kernel_cache": self.kernel_cache_,
+                "subsample_size": self.subsample_size_}
+        if self.form_ == "kernel":
+            arrays["centers"] = self.centers_
+        else:
+            meta["features"] = self.features_.to_dict()
+        return arrays, meta
+
+    def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
+                             tuple(arrays["offset"].tolist()))
+        self.form_ = meta["form"]
+        self.coef_ = arrays["coef"]
+        if self.form_ == "kernel":
+            self.centers_ = arrays["centers"]
+        else:
+            self.features_ = FeatureMap(**meta["features"])
+        self.encoding_ = enc
+        self.bandwidth_ = meta["bandwidth"]
+        self.n_features_in_ = meta["n_features_in"]
+        self.eigenvalues_ = arrays["eigenvalues"]
+        self.q_, self.batch_size_ = meta["q"], meta["batch_size"]
+        self.critical_batch_, self.step_size_, self.beta_ = (meta["critical_batch"], meta["step_size"],
+                                                             meta["beta"])
+        self.eigensolver_, self.kernel_cache_ = meta["eigensolver"], meta["kernel_cache"]
+        self.subsample_size_ = meta["subsample_size"]
+        if enc.kind != "regression":
+            self.classes_ = arrays["classes"]
+
+
+def _predict_block(X: Any, spec: dict) -> Any:
+    X = X.astype(np.float32, copy=False)
+    if spec["kind"] == "kernel":
+        return predict_kernel(X, spec["centers"], spec["coef"], spec["kernel"], spec["bandwidth"])
+    Z = spec["features"].transform(X, spec["n_blocks"])
+    return Z @ spec["coef"].astype(np.float32)
+
+
+def _validation_partial(payload: dict, X: Any, y: Any) -> dict:
+    f = _predict_block(X, payload["spec"])
+    Y = payload["encoding"].encode(y, np.float32)
+    out = {"sq": float(((f - Y) ** 2).sum()), "count": X.shape[0]}
+    if payload["task"] == "classification":
+        out["correct"] = int((f.argmax(axis=1) == Y.argmax(axis=1)).sum())
+    return out
+
+
+def _validation_score(engine: Engine, val: Dataset, encoding: TargetEncoding, task: str, spec: dict) -> float:
+    """Accuracy (classification) or minus the mean squared error on the validation rows."""
+    total = engine.map_reduce(val, _validation_partial, {"spec": spec, "encoding": encoding, "task": task},
+                              label="validation")
+    if task == "classification":
+        return total["correct"] / total["count"]
+    return -total["sq"] / total["count"]
+
+
+def _subset(data: Dataset, idx: np.ndarray) -> Dataset:
+    """The rows ``idx`` (sorted) of a dataset, lazily for store / dask input."""
+    if data.host is not None:
+        Xh, yh = data.host
+        return open_dataset(Xh[idx], None if yh is None else yh[idx])
+    return open_dataset(data.X[idx], None if data.y is None else data.y[idx])
+
+
+def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
+    if data.host is not None:
+        return np.ascontiguousarray(data.host[0], dtype=np.float32)
+    return np.ascontiguousarray(client.compute(data.X.astype(np.float32)).result())
+
+
+class EigenProRegressor(_EigenProBase):
+    """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
+
+    Kernel form (default): f(x) = sum_j a_j k(x, c_j) over the training rows
+    (all of them, or ``n_centers`` rows sampled from the data), trained by the
+    preconditioned SGD of Table 2.  Random-feature form (``n_features=D``):
+    EigenPro-RF, Table 1, a bounded model for data of any size.  The
+    preconditioner is computed once on the workers; q, the batch size and the
+    step size are chosen from its eigenvalues unless given.
+
+    Parameters
+    ----------
+    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
+    bandwidth : float or "auto", default="auto"
+    n_centers : int, optional
+        p centers sampled from the data (kernel form); None: all rows (up to 100 000).
+    n_features : int, optional
+        D random features: selects the random-feature form.
+    q : int, optional
+        Eigen-directions flattened; None: the largest q whose critical batch
+        m* = beta / lambda' + 1 is at most ``max_batch``.
+    subsample_size : int, optional
+        s rows for the preconditioner (kernel form); None: 2000 if n < 1e5 else 12000.
+    damping : float, optional
+        Kernel form: exponent alpha of (lambda_{q+1} / lambda_i) (default 0.95);
+        random features: tau of Table 1 (default 0.25).
+    batch_size, step_size : optional
+        Overrides of m (default min(m*, max_batch)) and eta (DESIGN 2.4).
+    max_batch : int, optional
+        Cap on the automatic batch size (default s for the kernel form, 2000 for features).
+    n_epochs : int, default=10
+    block_size : int, default=1024
+        Features per seeded block (random-feature form).
+    kernel_cache : {"auto", "float32", "bfloat16", "off"}, default="auto"
+        Keep the kernel rows K(X_c, C) on the workers: "auto" picks float32 when
+        every worker's share fits its cache budget, else bfloat16 if that fits,
+        else recomputes rows each step ("off").
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the rows, score after each epoch,
+        stop after ``n_iter_no_change`` epochs without improvement and keep
+        the best epoch's model.
+    lanes, random_state, client, verbose, checkpoint, checkpoint_every, resume
+        As in the other estimators.
+
+    Attributes
+    ----------
+    coef_ : ndarray (p, c) or (D, c)
+    centers_ : ndarray (p, d), kernel form
+    eigenvalues_ : ndarray (q + 1,)
+        Top eigenvalues of K(S, S) / s (or of the feature covariance).
+    q_, batch_size_, step_size_, critical_batch_ : chosen settings
+    """
+
+    _task = "regression"
+
+    def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
+        mean = (data.host[1].mean(axis=0) if data.host is not None
+                else client.compute(data.y.astype(np.float64).mean(axis=0)).result())
+        return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
+
+    def predict(self, X: Any) -> Any:
+        """f(X) + mean(y); lazy dask array for dask input."""
+        f = self.decision_function(X)
+        off = np.asarray(self.encoding_.offset, dtype=np.float32)
+        return f + (off[0] if f.ndim == 1 else off)
+
+    def score(self, X: Any, y: Any) -> float:
+        """R^2 of the prediction."""
+        p = self.predict(X)
+        y = y.astype(np.float64) if hasattr(y, "astype") else np.asarray(y, dtype=np.float64)
+        ss_res = ((y - p) ** 2).sum()
+        ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
+        if isinstance(ss_res, da.Array):
+            ss_res, ss_tot = da.compute(ss_res, ss_tot)
+        return float(1 - ss_res / ss_tot)
+
+
+class EigenProClassifier(_EigenProBase):
+    """Kernel classification by EigenPro iteration on one-hot targets (square
+    loss, as in the paper); predicts the arg-max class.  Parameters as
+    :class:`EigenProRegressor`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from distributed import Client
+    >>> from dkernel import EigenProClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(400, 2)); y = (X[:, 0] * X[:, 1] > 0).astype(int)
+    >>> with Client(n_workers=1, processes=False, dashboard_address=None) as client:
+    ...     clf = EigenProClassifier(bandwidth=1.0, n_epochs=5, client=client).fit(X, y)
+    >>> clf.score(X, y) > 0.9
+    True
+    """
+
+    _task = "classification"
+
+    def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
+        classes = discover_classes(data, client)
+        self.classes_ = classes
+        return TargetEncoding("onehot", classes=tuple(classes.tolist()))
+
+    def predict(self, X: Any) -> Any:
+        """Predicted labels; lazy dask array for dask input."""
+        f = self.decision_function(X)
+        classes = np.asarray(self.classes_)
+        idx = f.argmax(axis=1)
+        if isinstance(idx, da.Array):
+            return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
+        return classes[idx]
+
+    def score(self, X: Any, y: Any) -> float:
+        """Mean accuracy."""
+        p = self.predict(X)
+        y = y.reshape(-1)
+        acc = (p == y).mean()
+        return float(acc.compute() if isinstance(acc, da.Array) else acc)

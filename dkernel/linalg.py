@@ -1,0 +1,168 @@
+r"""Distributed top eigensystems of lazily generated tall matrices.
+
+A tall matrix ``T`` (n x N) is never materialised: each row chunk of the data
+regenerates its block ``T_c = block(params, X_c)`` on the worker that holds
+the chunk (random features Phi(X_c), or kernel columns K(X_c, Z)), and every
+pass over T is one :meth:`dkernel.engine.Engine.map_reduce` whose partial
+results are N x r (or N x N) sums.  Two symmetric PSD operators are covered:
+
+``"gram"``  A = T^T T / n                   (feature covariance, EigenPro-RF)
+``"rows"``  A = T / n with T symmetric,      (K(S, S) / s of the EigenPro
+            its rows the data rows            kernel form; y_c holds each row's
+                                              index in S)
+
+Two methods:
+
+``dense``       A is summed on the workers (``gram``: T_c^T T_c; ``rows``: the
+                row blocks, placed by index) and its top pairs are taken with
+                :func:`scipy.linalg.eigh` -- exact; N up to a few thousand.
+``randomized``  Halko, Martinsson & Tropp (2011) Alg. 4.4 + 5.3 for a
+                symmetric operator: Y = A Omega (Omega N x (k + p) Gaussian),
+                ``n_iter`` power steps Q <- orth(A Q), then Rayleigh-Ritz
+                B = Q^T A Q (r x r, eigh).  Each product A Q is one reduction
+                over the row chunks: ``gram``: sum_c T_c^T (T_c Q);
+                ``rows``: sum_c T_c^T Q[idx_c] (A symmetric).
+
+Only the small problems (N x N for dense, r x r for randomized) are solved on
+the coordinator, with LAPACK's symmetric solver (no iterative eigensolver
+that can stall).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from dkernel.backend import namespace, to_numpy
+
+#: A block function regenerates T_c on a worker: ``block(params, X_c) -> (rows, N)``.
+BlockFn = Callable[[Any, Any], Any]
+
+
+@dataclass
+class Eigensystem:
+    """Top eigenpairs of a symmetric PSD operator, eigenvalues descending."""
+
+    values: np.ndarray  # (k,)
+    vectors: np.ndarray  # (N, k), orthonormal columns
+    method: str
+    #: max_i |T_i|^2 over the rows of T (``gram`` only): beta of the EigenPro step size.
+    row_norm_max: float | None = None
+
+
+def top_eigh(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` eigenpairs of a dense symmetric matrix (descending), LAPACK ``evr``."""
+    A = np.asarray(A, dtype=np.float64)
+    N = A.shape[0]
+    k = min(int(k), N)
+    w, V = scipy.linalg.eigh(A, subset_by_index=[N - k, N - 1], driver="evr",
+                             check_finite=False)
+    return w[::-1].copy(), V[:, ::-1].copy()
+
+
+# --- worker side ---------------------------------------------------------------
+def _gram_partial(payload: dict, X: Any, y: Any) -> dict:
+    T = payload["block"](payload["params"], X)
+    T64 = to_numpy(T).astype(np.float64, copy=False)
+    return {"A": T64.T @ T64, "norm": [float((T64 * T64).sum(axis=1).max())], "count": X.shape[0]}
+
+
+def _rows_partial(payload: dict, X: Any, y: Any) -> dict:
+    T = to_numpy(payload["block"](payload["params"], X)).astype(np.float64, copy=False)
+    idx = np.asarray(to_numpy(y)).reshape(-1).astype(np.int64)
+    return {"idx": [idx], "rows": [T], "count": X.shape[0]}
+
+
+def _gram_apply(payload: dict, X: Any, y: Any) -> dict:
+    T = payload["block"](payload["params"], X)
+    xp = namespace(T)
+    Q = xp.asarray(payload["Q"], dtype=T.dtype)
+    TQ = T @ Q
+    return {"Y": to_numpy(T.T @ TQ).astype(np.float64), "norm": [float((T * T).sum(axis=1).max())],
+            "count": X.shape[0]}
+
+
+def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
+    T = payload["block"](payload["params"], X)
+    xp = namespace(T)
+    idx = np.asarray(to_numpy(y)).reshape(-1).astype(np.int64)
+    Qc = xp.asarray(payload["Q"][idx], dtype=T.dtype)
+    return {"Y": to_numpy(T.T @ Qc).astype(np.float64), "count": X.shape[0]}
+
+
+# --- coordinator side ----------------------------------------------------------
+def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, *,
+                      operator: str = "gram", label: str = "eigensystem") -> Eigensystem:
+    """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers."""
+    _check_operator(operator)
+    n = data.n_rows
+    if operator == "gram":
+        total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params}, label=label)
+        A = total["A"] / n
+        w, V = top_eigh(A, k)
+        return Eigensystem(w, V, "dense", max(total["norm"]))
+    else:
+        total = engine.map_reduce(data, _rows_partial, {"block": block, "params": params}, label=label)
+        A = np.empty((n, total["rows"][0].shape[1]))
+        for idx, rows in zip(total["idx"], total["rows"]):
+            A[idx] = rows
+        A /= n
+        A = 0.5 * (A + A.T)  # exact symmetry for eigh (rows were computed in float32)
+    w, V = top_eigh(A, k)
+    return Eigensystem(w, V, "dense")
+
+
+def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int,
+                           n_inputs: int, *, operator: str = "gram", n_oversamples: int = 20,
+                           n_iter: int = 2, random_state: int = 0,
+                           label: str = "randomized eigensystem") -> Eigensystem:
+    """Top ``k`` eigenpairs of A by a randomized range finder with power iterations.
+
+    ``n_inputs`` is N (the width of T).  Every product A Q is one
+    :meth:`map_reduce` over the row chunks (``n_iter + 2`` passes in all).
+    """
+    _check_operator(operator)
+    n = data.n_rows
+    r = min(int(k) + int(n_oversamples), n_inputs)
+    fn = _gram_apply if operator == "gram" else _rows_apply
+    rng = np.random.default_rng([int(random_state), 0x5FD])
+    Q = rng.standard_normal((n_inputs, r))
+
+    norms: list[float] = []
+
+    def apply(Q: np.ndarray) -> np.ndarray:
+        payload = {"block": block, "params": params, "Q": Q.astype(np.float32)}
+        total = engine.map_reduce(data, fn, payload, label=label)
+        norms.extend(total.get("norm", []))
+        return total["Y"] / n
+
+    Q, _ = np.linalg.qr(apply(Q))
+    for _ in range(int(n_iter)):  # HMT Alg. 4.4 (re-orthonormalised power steps)
+        Q, _ = np.linalg.qr(apply(Q))
+    AQ = apply(Q)
+    B = Q.T @ AQ
+    w, U = top_eigh(0.5 * (B + B.T), k)  # Rayleigh-Ritz (HMT Alg. 5.3)
+    return Eigensystem(w, Q @ U, "randomized", max(norms) if norms else None)
+
+
+def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_inputs: int, *,
+                operator: str = "gram", method: str = "auto", dense_max: int = 4096,
+                random_state: int = 0, n_oversamples: int = 20, n_iter: int = 2,
+                label: str = "eigensystem") -> Eigensystem:
+    """``method="auto"``: dense when N <= ``dense_max`` (exact, one pass), else randomized."""
+    if method not in ("auto", "dense", "randomized"):
+        raise ValueError(f"method={method!r}; choose 'auto', 'dense' or 'randomized'")
+    if method == "dense" or (method == "auto" and n_inputs <= dense_max):
+        return dense_eigensystem(engine, data, block, params, k, operator=operator, label=label)
+    return randomized_eigensystem(engine, data, block, params, k, n_inputs, operator=operator,
+                                  n_oversamples=n_oversamples, n_iter=n_iter,
+                                  random_state=random_state, label=label)
+
+
+def _check_operator(operator: str) -> None:
+    if operator not in ("gram", "rows"):
+        raise ValueError(f"operator={operator!r}; choose 'gram' (T^T T / n) or 'rows' (T / n, T symmetric)")

@@ -1,0 +1,320 @@
+r"""EigenPro, kernel form (Ma & Belkin 2017, Table 2; DESIGN 2.4).
+
+Model  f(x) = \sum_j a_j k(x, c_j)  over centers c_j that are the training
+rows (all of them, or p rows sampled from the data).  Preconditioner from a
+subsample S (s rows of the centers): top q+1 eigenpairs (lambda_i, v_i) of
+K(S, S) / s and
+
+    D = E diag(d) E^T,   E = V / sqrt(s),   d_i = (1 - (lambda_{q+1} / lambda_i)^alpha) / lambda_i
+
+(alpha the damping, 0.95).  One step on a mini-batch b of m rows:
+
+    g     = K(X_b, C) a - y_b                       (workers: rows they hold)
+    a[b] -= (eta / m) g                              (Table 2, line 9)
+    a[S] += (eta / m) E D E^T K(S, X_b) g            (correction on S only)
+
+With beta = max_x k(x, x), the preconditioned top eigenvalue is
+lambda' = lambda_1 / (lambda_1 / lambda_{q+1})^alpha, the critical batch
+m* = beta / lambda' + 1 and eta = m / beta if m < m*, else
+0.99 * 2m / (beta + (m - 1) lambda').  All outputs share one preconditioner.
+
+Kernel rows K(X_c, C) of the chunks a worker holds are kept in the engine's
+bounded worker cache (:mod:`dkernel.engine.cache`) when the estimator found
+that they fit the workers' budget -- in float32, or packed to bfloat16 (top 16
+bits, rounded) when only that fits -- so that after the first epoch an epoch
+is matrix-vector work; otherwise each step recomputes the rows it needs
+(streaming, O(chunk + model) memory).  Row gathers and kernel tiles go
+through per-worker reusable buffers: fresh pages are expensive (DESIGN 4).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dkernel.backend import namespace
+from dkernel.engine import cache
+from dkernel.engine.program import Chunk, StepProgram
+from dkernel.kernels import kernel_matrix
+from dkernel.solvers.targets import TargetEncoding
+
+#: Rows per kernel tile: a (tile x p) float32 slab stays a few tens of MB.
+_TILE_ROWS = 128
+CACHE_MODES = ("float32", "bfloat16", "off")
+
+
+# --- step size and batch (DESIGN 2.4) ----------------------------------------------
+def new_top_eigenvalue(lam1: float, lam_tail: float, alpha: float) -> float:
+    """lambda' = lambda_1 / (lambda_1 / lambda_{q+1})^alpha."""
+    return lam1 / (lam1 / lam_tail) ** alpha
+
+
+def critical_batch(beta: float, lam_new: float) -> float:
+    """m* = beta / lambda' + 1."""
+    return beta / lam_new + 1.0
+
+
+def step_size(m: int, beta: float, lam_new: float) -> float:
+    """eta = m / beta if m < m*, else 0.99 * 2m / (beta + (m - 1) lambda')."""
+    if m < critical_batch(beta, lam_new):
+        return m / beta
+    return 0.99 * 2 * m / (beta + (m - 1) * lam_new)
+
+
+def choose_q(values: np.ndarray, alpha: float, beta: float, max_batch: int) -> int:
+    """Largest q whose critical batch stays <= ``max_batch`` (at least 1).
+
+    Flattening more directions raises the step but also m*; past ``max_batch``
+    rows a step no longer gains (EigenPro 2 bounds q the same way)."""
+    q = 1
+    for cand in range(1, len(values)):
+        if values[cand] <= 0:  # numerically zero tail: no further direction is meaningful
+            break
+        lam_new = new_top_eigenvalue(values[0], values[cand], alpha)
+        if critical_batch(beta, lam_new) > max_batch:
+            break
+        q = cand
+    return q
+
+
+@dataclass
+class KernelPreconditioner:
+    """E D E^T on the subsample coordinates (see module docstring)."""
+
+    values: np.ndarray  # top q+1 eigenvalues of K(S, S) / s, descending
+    vectors: np.ndarray  # (s, q) unit eigenvectors
+    q: int
+    alpha: float
+
+    @property
+    def tail(self) -> float:
+        return float(self.values[self.q])
+
+    @property
+    def diag(self) -> np.ndarray:
+        lam = self.values[: self.q]
+        return (1.0 - (self.tail / lam) ** self.alpha) / lam
+
+    @property
+    def new_top(self) -> float:
+        return new_top_eigenvalue(float(self.values[0]), self.tail, self.alpha)
+
+    def correction(self, kg: np.ndarray) -> np.ndarray:
+        """E D E^T kg with E = V / sqrt(s); kg = K(S, X_b) g, shape (s, c)."""
+        s = self.vectors.shape[0]
+        V = self.vectors
+        return V @ ((self.diag / s)[:, None] * (V.T @ kg))
+
+
+# --- kernel tiles written in place ---------------------------------------------------
+_local = threading.local()
+
+
+def _buffer(name: str, shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
+    """A per-thread reusable buffer of at least ``shape`` (first axis may shrink)."""
+    xp = namespace(like)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    key = (name, xp.__name__, shape[1:], np.dtype(dtype).str)
+    buf = bufs.get(key)
+    if buf is None or buf.shape[0] < shape[0]:
+        buf = bufs[key] = xp.empty(shape, dtype=dtype)
+    return buf[: shape[0]]
+
+
+def kernel_into(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, out: Any) -> Any:
+    """out = k(X, C) without temporaries of out's size (gaussian fused in place)."""
+    xp = namespace(X)
+    if kernel != "gaussian":
+        out[...] = kernel_matrix(X, C, kernel, bandwidth)
+        return out
+    f32 = out.dtype.type
+    xp.matmul(X, C.T, out=out)  # exp((x.c - |x|^2/2 - |c|^2/2) / s^2)
+    out -= f32(0.5) * C_sq[None, :]
+    out -= (f32(0.5) * (X * X).sum(axis=1))[:, None]
+    out *= f32(1.0 / (bandwidth * bandwidth))
+    xp.minimum(out, f32(0.0), out=out)
+    xp.exp(out, out=out)
+    return out
+
+
+def _pack_bf16(K: Any, out: Any) -> None:
+    """Round float32 to its top 16 bits (bfloat16, round-half-up; values here are >= 0)."""
+    u = K.view(np.uint32)
+    u += np.uint32(0x8000)
+    u >>= np.uint32(16)
+    out[...] = u
+
+
+def fill_kernel_rows(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) -> Any:
+    """K(X, C) for a whole chunk, tile by tile, stored as float32 or packed bfloat16."""
+    xp = namespace(X)
+    n, p = X.shape[0], C.shape[0]
+    out = xp.empty((n, p), dtype=np.float32 if mode == "float32" else np.uint16)
+    for i in range(0, n, _TILE_ROWS):
+        j = min(n, i + _TILE_ROWS)
+        if mode == "float32":
+            kernel_into(X[i:j], C, C_sq, kernel, bandwidth, out[i:j])
+        else:
+            T = _buffer("tile", (j - i, p), np.float32, X)
+            kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T)
+            _pack_bf16(T, out[i:j])
+    return out
+
+
+def _gather_rows(full: Any, rows: Any, out: Any) -> Any:
+    """out[i] = full[rows[i]] (decoding bfloat16); a row loop copies at memory
+    speed into the reused buffer where fancy indexing would allocate."""
+    xp = namespace(out)
+    if full.dtype == np.uint16:
+        U = out.view(np.uint32)
+        if xp is np:
+            for i, r in enumerate(rows):
+                U[i] = full[r]
+        else:
+            U[...] = full[rows]
+        U <<= np.uint32(16)
+    elif xp is np:
+        for i, r in enumerate(rows):
+            out[i] = full[r]
+    else:
+        out[...] = full[rows]
+    return out
+
+
+# --- worker side of a step ---------------------------------------------------------
+def kernel_rows_key(chunk_key: Any, payload: dict) -> tuple:
+    return (chunk_key, payload["centers_token"], payload["cache"])
+
+
+def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
+    """g = K(X_b, C) a - y_b on this task's rows, and K(S, X_b) g."""
+    C, C_sq = payload["centers"], payload["centers_sq"]
+    kernel, bw, mode = payload["kernel"], payload["bandwidth"], payload["cache"]
+    encoding: TargetEncoding = payload["encoding"]
+    xp = namespace(chunk.X)
+    a = xp.asarray(payload["coef"])
+    sub = payload["sub_idx"]
+    n_c, p = chunk.X.shape[0], C.shape[0]
+    rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
+    full = None
+    if mode != "off":
+        itemsize = 4 if mode == "float32" else 2
+        full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+                                    lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
+                                    n_c * p * itemsize)
+    m = rows.shape[0]
+    g = xp.empty((m, a.shape[1]), dtype=np.float32)
+    ks = xp.empty((m, sub.shape[0]), dtype=np.float32)
+    for i in range(0, m, _TILE_ROWS):
+        r = rows[i : i + _TILE_ROWS]
+        T = _buffer("tile", (r.shape[0], p), np.float32, chunk.X)
+        if full is None:
+            kernel_into(chunk.X[r], C, C_sq, kernel, bw, T)
+        else:
+            _gather_rows(full, r, T)
+        xp.matmul(T, a, out=g[i : i + r.shape[0]])
+        ks[i : i + r.shape[0]] = T[:, sub]
+    g -= encoding.encode(chunk.y_rows, np.float32)
+    offset = int(payload["offsets"][chunk.key[1]])
+    return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(ks.T @ g).astype(np.float64),
+            "loss": float(xp.sum(g * g)), "count": m}
+
+
+def _np(a: Any) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+# --- the program ---------------------------------------------------------------------
+@dataclass
+class KernelEigenProProgram(StepProgram):
+    """Engine program for Table 2; state = coefficients a (p x c, float64)."""
+
+    centers: np.ndarray  # (p, d) float32, the training rows in order
+    sub_idx: np.ndarray  # (s,) indices of S in the centers
+    preconditioner: KernelPreconditioner
+    kernel: str
+    bandwidth: float
+    encoding: TargetEncoding
+    beta: float
+    offsets: np.ndarray
+    cache_mode: str
+    centers_token: str
+    label: str = "eigenpro"
+    #: eta given by the user instead of the automatic one.
+    eta_override: float | None = None
+    #: set by early stopping; read by the engine after each epoch.
+    stop: bool = False
+
+    partial = staticmethod(eigenpro_kernel_partial)
+    wants_chunk = True
+
+    def init_state(self) -> dict[str, Any]:
+        return {"coef": np.zeros((self.centers.shape[0], self.encoding.n_outputs))}
+
+    def constants(self) -> dict[str, Any]:
+        C = self.centers
+        return {"centers": C, "centers_sq": (C * C).sum(axis=1).astype(np.float32),
+                "sub_idx": self.sub_idx, "offsets": self.offsets, "kernel": self.kernel,
+                "bandwidth": float(self.bandwidth), "encoding": self.encoding,
+                "cache": self.cache_mode, "centers_token": self.centers_token}
+
+    def payload(self, state: dict[str, Any], step: int) -> dict:
+        return {"coef": state["coef"].astype(np.float32)}
+
+    def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
+        m = int(total["count"])
+        eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
+        lr = eta / m
+        a = state["coef"]
+        for ids, g in zip(total["ids"], total["g"]):
+            a[ids] -= lr * g  # Table 2, line 9: the batch coordinates
+        a[self.sub_idx] += lr * self.preconditioner.correction(total["kg"])  # the EigenPro correction
+        return {"coef": a}
+
+    def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
+        return self.stop
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"solver": "eigenpro", "kernel": self.kernel, "bandwidth": float(self.bandwidth),
+                "centers": self.centers_token, "q": self.preconditioner.q,
+                "alpha": self.preconditioner.alpha, "n_outputs": self.encoding.n_outputs}
+
+
+def kernel_block(params: dict, X: Any) -> Any:
+    """Kernel columns K(X_c, Z) against a subsample: the tall block for :mod:`dkernel.linalg`."""
+    Z = params["Z"]
+    out = namespace(X).empty((X.shape[0], Z.shape[0]), dtype=np.float32)
+    X = X.astype(np.float32, copy=False)
+    return kernel_into(X, Z, (Z * Z).sum(axis=1), params["kernel"], params["bandwidth"], out)
+
+
+def predict_kernel(X: Any, centers: np.ndarray, coef: np.ndarray, kernel: str, bandwidth: float,
+                   tile_rows: int = 512) -> Any:
+    """f(X) = K(X, C) a, tile by tile through one reused buffer."""
+    xp = namespace(X)
+    X = X.astype(np.float32, copy=False)
+    C = xp.asarray(centers)
+    a = xp.asarray(coef, dtype=np.float32)
+    C_sq = (C * C).sum(axis=1)
+    f = xp.empty((X.shape[0], a.shape[1]), dtype=np.float32)
+    T = xp.empty((min(tile_rows, X.shape[0]), C.shape[0]), dtype=np.float32)
+    for i in range(0, X.shape[0], tile_rows):
+        j = min(X.shape[0], i + tile_rows)
+        kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T[: j - i])
+        xp.matmul(T[: j - i], a, out=f[i:j])
+    return f
+
+
+def math_summary(pre: KernelPreconditioner, beta: float, batch: int) -> dict[str, float]:
+    """The numbers a user wants to see about the chosen settings."""
+    lam_new = pre.new_top
+    return {"q": pre.q, "lambda_1": float(pre.values[0]), "lambda_tail": pre.tail,
+            "lambda_new": lam_new, "critical_batch": critical_batch(beta, lam_new),
+            "batch_size": batch, "eta": step_size(batch, beta, lam_new),
+            "acceleration": float(pre.values[0]) / lam_new if math.isfinite(lam_new) else float("nan")}
