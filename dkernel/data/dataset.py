@@ -56,6 +56,9 @@ def _open_zarr_group(url: str, storage_options: dict | None):
             f"no dataset store at {url!r}: the path does not exist; create one with "
             "'dkernel ingest' or check the path"
         )
+    if "://" not in url:
+        # Workers read the chunks themselves, from their own working directory.
+        url = os.path.abspath(url)
     try:
         return zarr.open_group(url, mode="r", storage_options=storage_options)
     except Exception as exc:  # zarr raises several types for "not a group here"
@@ -63,6 +66,28 @@ def _open_zarr_group(url: str, storage_options: dict | None):
             f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
             "a store is a zarr group holding arrays 'X' and optionally 'y'"
         ) from None
+
+
+def _visible_on_workers(arr: da.Array, url: str) -> da.Array:
+    """Guard the chunk reads of a local store: zarr reads a chunk it cannot find
+    as fill values, so a worker without the store (no shared file system)
+    would silently train on zeros."""
+    if "://" in url and not url.startswith("file://"):
+        return arr
+    root = os.path.abspath(url.removeprefix("file://"))
+    return arr.map_blocks(_check_store_visible, root, dtype=arr.dtype)
+
+
+def _check_store_visible(block: Any, root: str) -> Any:
+    if not os.path.isdir(root):
+        import socket
+
+        raise FileNotFoundError(
+            f"the dataset store {root!r} is not visible on worker host {socket.gethostname()!r}; "
+            "every worker must reach the data under the same path (a shared file system) "
+            "or use a URL such as s3://"
+        )
+    return block
 
 
 def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
@@ -125,9 +150,9 @@ def open_dataset(
         group = _open_zarr_group(source, storage_options)
         if "X" not in group:
             raise ValueError(f"store {source!r} has no array 'X' (found: {sorted(group.keys())})")
-        Xa = da.from_zarr(group["X"])
+        Xa = _visible_on_workers(da.from_zarr(group["X"]), source)
         if y is None and "y" in group:
-            y = da.from_zarr(group["y"])
+            y = _visible_on_workers(da.from_zarr(group["y"]), source)
         X = Xa
     in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
     if isinstance(X, (list, tuple)):

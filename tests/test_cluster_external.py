@@ -1,0 +1,225 @@
+"""Fits through a real external cluster: a ``dask scheduler`` and two ``dask
+worker`` processes on 127.0.0.1, started and stopped by the deploy recipe
+``deploy/local-cluster.sh``; and determinism across clusters (DESIGN 1: same
+seed + data + chunking give the same model whatever the workers)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dkernel import DSGClassifier
+from dkernel.cli import main
+from dkernel.data import open_dataset
+from dkernel.datasets import make_store
+from dkernel.io import load_model
+
+RECIPE = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh"
+
+# Small but not trivial: 8 chunks, so the 4-lane steps and the chunk homes
+# (chunk c lives on worker c mod n_workers) spread over both workers.
+N_ROWS, D, CHUNK = 2000, 5, 250
+FIT = {"kernel": "gaussian", "bandwidth": "auto", "n_features": 256, "block_size": 64,
+       "batch_size": 128, "n_epochs": 2, "random_state": 7}
+
+
+def _recipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(RECIPE), *args], check=False, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _kill_groups(state: Path) -> list[int]:
+    """SIGKILL the process groups recorded by the recipe; the pids that were still alive."""
+    alive = []
+    for name in ("workers.pid", "scheduler.pid"):
+        f = state / name
+        if f.exists():
+            pid = int(f.read_text().strip())
+            if _group_alive(pid):
+                alive.append(pid)
+                os.killpg(pid, signal.SIGKILL)
+    return alive
+
+
+def _start(state: Path, workers: int) -> str:
+    # --port 0: any free port (read back from the scheduler file), so parallel
+    # runs never collide; --idle-timeout: the scheduler exits on its own should
+    # this test process die before its finalizer runs (workers follow it via
+    # the recipe's --death-timeout).
+    proc = _recipe("start", "--dir", str(state), "--port", "0", "--workers", str(workers),
+                   "--threads", "1", "--memory-limit", "1GiB", "--timeout", "60",
+                   "--idle-timeout", "300")
+    if proc.returncode != 0:
+        _kill_groups(state)
+        pytest.fail(f"deploy/local-cluster.sh start failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads((state / "scheduler.json").read_text())["address"]
+
+
+class _External(str):
+    """The scheduler address, plus the recipe's state folder."""
+    state: Path
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory):
+    """Address of a scheduler with two single-threaded worker processes.
+
+    Teardown goes through the recipe's ``stop`` and fails (a test error) if
+    any process of either group survived it."""
+    state = tmp_path_factory.mktemp("dask-cluster")
+    address = _External(_start(state, workers=2))
+    address.state = state
+    pids = [int((state / f).read_text()) for f in ("scheduler.pid", "workers.pid")]
+    survivors: list[int] = []
+    try:
+        yield address
+    finally:
+        try:
+            stop = _recipe("stop", "--dir", str(state), timeout=60)
+        finally:
+            survivors = _kill_groups(state)  # whatever survived a failed or slow stop
+    assert stop.returncode == 0, stop.stderr
+    assert survivors == [] and not any(_group_alive(p) for p in pids)
+    assert not (state / "scheduler.pid").exists() and not (state / "scheduler.json").exists()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.zarr"
+    return make_store(path, N_ROWS, D, chunk_rows=CHUNK, kind="classification", random_state=1)
+
+
+def _executed(client: Client) -> dict[str, int]:
+    """Tasks each worker has executed so far."""
+    return client.run(lambda dask_worker: dask_worker.state.executed_count)
+
+
+def _ran_on_every_worker(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    assert len(after) == 2, f"expected two workers, found {sorted(after)}"
+    delta = {w: after[w] - before.get(w, 0) for w in after}
+    assert all(v > 0 for v in delta.values()), f"a worker ran no task: {delta}"
+    return delta
+
+
+def _accuracy(model, store: str) -> float:
+    data = open_dataset(store)
+    X, y = data.X.compute(scheduler="sync"), data.y.compute(scheduler="sync")
+    return float((model.predict(X) == y).mean())
+
+
+def test_cli_fit_runs_on_both_workers_of_external_scheduler(external, store, tmp_path):
+    out = tmp_path / "model.npz"
+    with Client(external, set_as_default=False) as probe:
+        before = _executed(probe)
+        rc = main(["fit", store, "--solver", "dsg", "--task", "classification", "--kernel", "gaussian",
+                   "--bandwidth", "auto", "--features", "256", "--block-size", "64",
+                   "--batch-size", "128", "--epochs", "2", "--seed", "7",
+                   "--scheduler", external, "--out", str(out), "--quiet"])
+        assert rc == 0
+        _ran_on_every_worker(before, _executed(probe))
+    model = load_model(out)
+    # 3 non-linear classes: chance is ~1/3; a working fit is far above it.
+    assert _accuracy(model, store) > 0.6
+
+
+def test_cli_fit_reads_scheduler_address_from_environment(external, store, tmp_path, monkeypatch):
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", external)
+    out = tmp_path / "model.npz"
+    with Client(external, set_as_default=False) as probe:
+        before = _executed(probe)
+        assert main(["fit", store, "--features", "128", "--block-size", "64", "--epochs", "1",
+                     "--batch-size", "128", "--out", str(out), "--quiet"]) == 0
+        _ran_on_every_worker(before, _executed(probe))
+    assert out.exists()
+
+
+def test_python_api_fit_and_lazy_predict_on_external_cluster(external, store):
+    with Client(external, set_as_default=False) as c:
+        before = _executed(c)
+        model = DSGClassifier(**FIT, client=c).fit(store)
+        _ran_on_every_worker(before, _executed(c))
+        data = open_dataset(store)
+        pred = model.predict(data.X)  # lazy: computed on the external cluster
+        acc = c.compute((pred == data.y).mean()).result()
+    assert acc > 0.6
+    assert model.coef_.shape == (256, 3)
+
+
+def test_same_seed_data_and_chunking_give_identical_model_on_any_cluster(external, store, client):
+    with Client(external, set_as_default=False) as c:
+        on_external = DSGClassifier(**FIT, client=c).fit(store)
+    on_local_2 = DSGClassifier(**FIT, client=client).fit(store)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster, set_as_default=False) as c1:
+        on_local_1 = DSGClassifier(**FIT, client=c1).fit(store)
+    for other in (on_local_2, on_local_1):
+        assert other.bandwidth_ == on_external.bandwidth_
+        # Bit-identical, not merely close: the plan, the feature seeds and the
+        # order of the partial-gradient sums never depend on the cluster.
+        assert np.array_equal(other.coef_, on_external.coef_)
+    assert np.any(on_external.coef_ != 0)
+    # and a different seed really gives a different model (the comparison can fail)
+    other_seed = DSGClassifier(**{**FIT, "random_state": 8}, client=client).fit(store)
+    assert not np.array_equal(other_seed.coef_, on_external.coef_)
+
+
+def test_recipe_reports_status_and_refuses_a_second_start(external):
+    state = str(external.state)
+    status = _recipe("status", "--dir", state)
+    assert status.returncode == 0 and f"{external}, 2 worker(s) registered" in status.stdout
+    assert _recipe("address", "--dir", state).stdout.strip() == external
+    again = _recipe("start", "--dir", state, "--port", "0", "--workers", "1")
+    assert again.returncode != 0
+    assert again.stderr.startswith("local-cluster.sh: error: a cluster is already running")
+    with Client(external, set_as_default=False) as c:  # the refused start touched nothing
+        assert len(c.scheduler_info(n_workers=-1)["workers"]) == 2
+
+
+def test_recipe_rejects_bad_options_before_starting_anything(tmp_path):
+    state = tmp_path / "cluster"
+    for args, message in ((["--workers", "0"], "--workers must be a positive integer"),
+                          (["--port", "http"], "--port must be a number"),
+                          (["--tls-cert", "x.pem"], "TLS needs all of"),
+                          (["--frobnicate", "1"], "unknown option '--frobnicate'")):
+        proc = _recipe("start", "--dir", str(state), *args)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert not (state / "scheduler.pid").exists()
+
+
+def test_relative_store_path_reaches_workers_started_in_another_folder(external, tmp_path,
+                                                                       monkeypatch):
+    # The recipe's workers run in the folder pytest started in; the client here
+    # runs in tmp_path and names the store relative to it.
+    monkeypatch.chdir(tmp_path)
+    make_store("rel.zarr", N_ROWS, D, chunk_rows=CHUNK, kind="classification", random_state=1)
+    assert main(["fit", "rel.zarr", "--features", "256", "--block-size", "64", "--epochs", "2",
+                 "--batch-size", "128", "--seed", "7", "--scheduler", external,
+                 "--out", "model.npz", "--quiet"]) == 0
+    assert _accuracy(load_model("model.npz"), str(tmp_path / "rel.zarr")) > 0.6
+
+
+def test_store_not_visible_on_workers_is_an_error_not_zeros(client, tmp_path):
+    # What a worker on a host without the shared file system sees: zarr would
+    # read the missing chunks as fill values (zeros) and the fit would
+    # "succeed" on garbage.
+    path = make_store(tmp_path / "train.zarr", 1000, D, chunk_rows=CHUNK, random_state=1)
+    data = open_dataset(path)
+    os.rename(path, tmp_path / "elsewhere.zarr")
+    with pytest.raises(FileNotFoundError, match="not visible on worker host"):
+        DSGClassifier(bandwidth=1.0, n_features=64, n_epochs=1, client=client).fit(data.X, data.y)

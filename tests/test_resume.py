@@ -1,0 +1,179 @@
+"""Nothing lost (DESIGN 1): a fit killed with SIGKILL mid-way and restarted
+with ``--resume`` ends with exactly the model of an uninterrupted fit; a resume
+with other settings is refused by name; a failed fit leaves no model file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dkernel.cli import main
+from dkernel.data.plan import ChunkPlan
+from dkernel.data.store import write_store
+from dkernel.datasets import make_store
+from dkernel.io import load_model, read_npz, write_npz_atomic
+
+# 8 chunks of 250 rows, 4 lanes, 8 rows per lane and step: 2 groups x 32 steps
+# per epoch, 192 steps in 3 epochs -- a few seconds of ~10-30 ms steps, long
+# enough to kill reliably in the middle.
+N_ROWS, D, CHUNK, BATCH, EPOCHS, LANES, SEED = 2000, 4, 250, 32, 3, 4, 5
+TOTAL_STEPS = sum(ChunkPlan((CHUNK,) * (N_ROWS // CHUNK), BATCH, LANES, SEED).steps_per_epoch(e)
+                  for e in range(EPOCHS))
+# Kill in the second epoch, second group: resume must skip a whole epoch and
+# a group of the current one, then replay the rest of the group's steps.
+KILL_AT = TOTAL_STEPS // 2 - 10
+FIT_ARGS = ["--solver", "dsg", "--task", "classification", "--kernel", "gaussian", "--bandwidth", "2",
+            "--features", "256", "--block-size", "32", "--batch-size", str(BATCH),
+            "--epochs", str(EPOCHS), "--lanes", str(LANES), "--seed", str(SEED), "--quiet"]
+
+
+def _dkernel(*args: str, **kw) -> subprocess.Popen:
+    """``python -m dkernel ...`` in its own session (process group), so a
+    SIGKILL to the group also takes down its LocalCluster's worker processes."""
+    return subprocess.Popen([sys.executable, "-m", "dkernel", *args], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(read_npz(path)[1]["step"])
+    except FileNotFoundError:
+        return 0
+
+
+def _group_gone(pgid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.zarr"
+    return make_store(path, N_ROWS, D, chunk_rows=CHUNK, kind="classification", random_state=2)
+
+
+@pytest.fixture(scope="module")
+def reference(store, client, tmp_path_factory):
+    """The uninterrupted fit (no checkpoints), on the shared 2-worker LocalCluster."""
+    out = tmp_path_factory.mktemp("reference") / "model.npz"
+    assert main(["fit", store, *FIT_ARGS, "--scheduler", client.cluster.scheduler_address,
+                 "--out", str(out)]) == 0
+    return load_model(out)
+
+
+@pytest.fixture(scope="module")
+def killed(store, tmp_path_factory):
+    """A fit in its own process, SIGKILLed once its checkpoint passed KILL_AT
+    steps; returns (model path, checkpoint path, pristine copy of the checkpoint)."""
+    folder = tmp_path_factory.mktemp("killed")
+    out, ckpt = folder / "model.npz", folder / "model.npz.ckpt.npz"
+    proc = _dkernel("fit", store, *FIT_ARGS, "--workers", "1", "--checkpoint-every", "1",
+                    "--out", str(out))
+    try:
+        deadline = time.monotonic() + 60
+        while _checkpoint_step(ckpt) < KILL_AT:
+            if proc.poll() is not None:
+                pytest.fail(f"the fit ended (rc {proc.returncode}) before it could be killed:\n"
+                            f"{proc.stdout.read()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no checkpoint past step {KILL_AT} within 60 s")
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, "the fit finished before the kill landed"
+    assert _group_gone(proc.pid), "worker processes outlived the SIGKILL of their group"
+    copy = folder / "pristine.ckpt.npz"
+    shutil.copyfile(ckpt, copy)
+    return out, ckpt, copy
+
+
+def test_fit_killed_mid_way_and_resumed_gives_the_uninterrupted_model(store, killed, reference):
+    out, ckpt, _ = killed
+    step = _checkpoint_step(ckpt)
+    assert KILL_AT <= step < TOTAL_STEPS
+    assert not out.exists(), "a killed fit must not leave a model file"
+    proc = _dkernel("fit", store, *FIT_ARGS, "--workers", "1", "--checkpoint-every", "1",
+                    "--resume", "--out", str(out))
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert not ckpt.exists(), "a finished fit removes its checkpoint"
+    resumed = load_model(out)
+    # Bit-identical: the resumed fit replays the same plan (chunk order, row
+    # slices, feature seeds) from the exact saved state, on 1 worker where the
+    # reference ran on 2.
+    assert np.array_equal(resumed.coef_, reference.coef_)
+    assert np.array_equal(resumed.classes_, reference.classes_)
+
+
+def test_resume_continues_from_the_checkpointed_state(store, killed, reference, client, tmp_path):
+    # Were the checkpoint ignored, the deterministic fit would still match the
+    # reference; a perturbed saved state must therefore show in the result.
+    _, _, pristine = killed
+    arrays, meta = read_npz(pristine)
+    arrays["coef"] = arrays["coef"] * 2
+    ckpt = tmp_path / "perturbed.ckpt.npz"
+    write_npz_atomic(ckpt, arrays, {k: v for k, v in meta.items()
+                                    if k not in ("format", "format_version", "versions")})
+    out = tmp_path / "model.npz"
+    assert main(["fit", store, *FIT_ARGS, "--scheduler", client.cluster.scheduler_address,
+                 "--checkpoint", str(ckpt), "--resume", "--out", str(out)]) == 0
+    assert not np.array_equal(load_model(out).coef_, reference.coef_)
+
+
+@pytest.mark.parametrize("flag, value, setting", [("--seed", "6", "random_state"),
+                                                  ("--batch-size", "64", "batch_size"),
+                                                  ("--features", "512", "n_blocks")])
+def test_resume_with_other_settings_fails_naming_the_setting(store, killed, client, tmp_path,
+                                                             capsys, flag, value, setting):
+    _, _, pristine = killed
+    ckpt = tmp_path / "model.ckpt.npz"
+    shutil.copyfile(pristine, ckpt)
+    args = list(FIT_ARGS)
+    args[args.index(flag) + 1] = value
+    out = tmp_path / "model.npz"
+    rc = main(["fit", store, *args, "--scheduler", client.cluster.scheduler_address,
+               "--checkpoint", str(ckpt), "--resume", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert err.count("\n") == 0 and err.startswith("dkernel: error: checkpoint"), err
+    assert setting in err and "different fit" in err
+    assert not out.exists()
+    # the refused checkpoint is kept: it is still good for the fit it belongs to
+    assert ckpt.read_bytes() == pristine.read_bytes()
+
+
+def test_fit_failing_mid_way_leaves_no_model_file(client, tmp_path, capsys):
+    X = np.random.default_rng(0).standard_normal((N_ROWS, D)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    # NaN in a chunk of the last group of epoch 1: chunks are checked as they
+    # are first read, so the fit fails after a group's worth of steps.
+    plan = ChunkPlan((CHUNK,) * (N_ROWS // CHUNK), BATCH, LANES, SEED)
+    bad_chunk = plan.groups(0)[-1][0]
+    X[bad_chunk * CHUNK + 3, 1] = np.nan
+    store = write_store(tmp_path / "nan.zarr", X, y, chunk_rows=CHUNK)
+    out = tmp_path / "model.npz"
+    rc = main(["fit", store, *FIT_ARGS, "--scheduler", client.cluster.scheduler_address,
+               "--checkpoint-every", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert err.count("\n") == 0 and "NaN" in err and f"row: {bad_chunk * CHUNK + 3}" in err, err
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+    # It did fail mid-way; the last checkpoint is kept as the resume point.
+    assert _checkpoint_step(tmp_path / "model.npz.ckpt.npz") > 0
