@@ -117,3 +117,9 @@ def test_cli_errors_are_single_lines_naming_the_problem(client, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and match in err[0], err
     assert not os.path.exists(out)
+
+
+def test_continuous_target_given_to_a_classifier_points_to_regression(client, Xy):
+    X, _ = Xy
+    with pytest.raises(ValueError, match="whole numbers.*regression"):
+        DSGClassifier(client=client).fit(X, np.linspace(0, 1, len(X)))

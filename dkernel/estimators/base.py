@@ -123,6 +123,12 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
         classes = np.unique(data.host[1])
     else:
         classes = client.compute(da.unique(data.y.reshape(-1))).result()
+    if classes.dtype.kind == "f" and not np.all(np.mod(classes, 1) == 0):
+        bad = classes[np.mod(classes, 1) != 0][0]
+        raise ValueError(
+            f"classification labels must be whole numbers, found {bad!r} among {classes.size} "
+            "distinct values; use a regressor (--task regression) for continuous targets"
+        )
     if classes.size < 2:
         raise ValueError(
             f"y has a single class ({classes[0]!r}); classification needs at least two classes"
