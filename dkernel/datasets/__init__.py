@@ -1,7 +1,13 @@
 """Synthetic data generators (DESIGN.md section 3), NumPy in, zarr stores out."""
 
+from dkernel.datasets.spheres import make_sphere_polynomial, sphere_polynomial_target, uniform_sphere
 from dkernel.datasets.synthetic import make_blobs_classification, make_dai_ridge, make_store
 
-__all__ = ["make_blobs_classification", "make_dai_ridge", "make_store"]
-from dkernel.datasets.spheres import make_sphere_polynomial, sphere_polynomial_target, uniform_sphere  # noqa: E402,F401
-__all__ += ["make_sphere_polynomial", "sphere_polynomial_target", "uniform_sphere"]
+__all__ = [
+    "make_blobs_classification",
+    "make_dai_ridge",
+    "make_store",
+    "make_sphere_polynomial",
+    "sphere_polynomial_target",
+    "uniform_sphere",
+]
