@@ -14,6 +14,10 @@ Model files: :func:`save_model`, :func:`load_model`.  Data: :func:`open_dataset`
 from dkernel._version import __version__
 from dkernel.data import open_dataset
 from dkernel.estimators import (
+    KernelCCA,
+    KernelPCA,
+    KernelSVD,
+    StreamingKernelPCA,
     DSGClassifier,
     DSGRegressor,
     EigenProClassifier,
@@ -27,6 +31,10 @@ __all__ = [
     "open_dataset",
     "load_model",
     "save_model",
+    "KernelCCA",
+    "KernelPCA",
+    "KernelSVD",
+    "StreamingKernelPCA",
     "DSGClassifier",
     "DSGRegressor",
     "EigenProClassifier",

@@ -96,7 +96,9 @@ def test_save_load_roundtrip_and_lazy_predict(client, tmp_path):
         path = tmp_path / f"{form}.npz"
         save_model(model, path)
         again = load_model(path)
-        np.testing.assert_array_equal(again.predict(X), model.predict(X))
+        # same numbers in, but BLAS may take another kernel path for arrays loaded
+        # at another memory alignment: equal to the last bits, not bitwise
+        np.testing.assert_allclose(again.predict(X), model.predict(X), rtol=1e-13, atol=1e-15)
         lazy = again.predict(_chunked(X, 128))
         assert isinstance(lazy, da.Array)
         np.testing.assert_allclose(lazy.compute(), model.predict(X), rtol=0, atol=1e-13)

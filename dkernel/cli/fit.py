@@ -54,9 +54,30 @@ def _build_eigenpro(args: argparse.Namespace) -> Any:
     return cls(**kw)
 
 
+def _build_components(args: argparse.Namespace) -> Any:
+    """``--solver kpca`` (KernelPCA), ``kcca`` (KernelCCA: the store's ``y`` is the
+    second view) or ``oja`` (StreamingKernelPCA)."""
+    from dkernel import KernelCCA, KernelPCA, StreamingKernelPCA
+
+    cls = {"kpca": KernelPCA, "kcca": KernelCCA, "oja": StreamingKernelPCA}[args.solver]
+    kw: dict[str, Any] = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
+    flags = [("components", "n_components"), ("features", "n_features"), ("step_size", "step_size")]
+    if cls is not StreamingKernelPCA:
+        flags += [("epochs", "n_epochs"), ("batch_size", "batch_size"),
+                  ("block_size", "block_size"), ("step_decay", "step_decay"), ("lanes", "lanes")]
+    if cls is KernelCCA:
+        flags.append(("alpha", "alpha"))
+    for flag, param in flags:
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[param] = value
+    return cls(**kw)
+
+
 #: solver name -> builder(args) returning an unfitted estimator.
 SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
 SOLVERS["sphere"] = _build_sphere
+SOLVERS["kpca"] = SOLVERS["kcca"] = SOLVERS["oja"] = _build_components
 SOLVERS["eigenpro"] = _build_eigenpro
 
 

@@ -43,15 +43,22 @@ def run_apply(args: argparse.Namespace) -> int:
                          f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'")
     data = open_dataset(args.store)
     with connect(scheduler=args.scheduler, n_workers=args.workers):
-        out = getattr(model, args.method)(data.X)
-        if isinstance(out, tuple):
-            raise ValueError(f"{type(model).__name__}.{args.method} needs both views; use the Python API")
-        name = "y_pred" if args.method == "predict" else "Z"
+        if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
+            # two-view models (KernelCCA / KernelSVD): the store's y is the second view
+            outs = dict(zip(("Z", "Z_y"), model.transform(data.X, data.y)))
+        else:
+            out = getattr(model, args.method)(data.X)
+            if isinstance(out, tuple):
+                raise ValueError(f"{type(model).__name__}.{args.method} needs both views; "
+                                 "use the Python API")
+            outs = {"y_pred" if args.method == "predict" else "Z": out}
         with atomic_store(args.out, overwrite=args.overwrite) as group:
-            arr = create_array(group, name, tuple(int(s) for s in out.shape), out.dtype,
-                               int(data.X.chunks[0][0]))
-            da.store(out.rechunk(arr.chunks), arr, lock=False)
-    print(f"wrote {name} {tuple(out.shape)} to {args.out}")
+            for name, out in outs.items():
+                arr = create_array(group, name, tuple(int(s) for s in out.shape), out.dtype,
+                                   int(data.X.chunks[0][0]))
+                da.store(out.rechunk(arr.chunks), arr, lock=False)
+    for name, out in outs.items():
+        print(f"wrote {name} {tuple(out.shape)} to {args.out}")
     return 0
 
 

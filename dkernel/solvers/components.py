@@ -1,0 +1,316 @@
+r"""Doubly stochastic kernel PCA, kernel SVD and kernel CCA (Xie, Liang & Song 2015).
+
+Every view s (X, and Y for the two-view methods) holds k functions over a
+pool of P seeded feature blocks of width B (D = P B features):
+
+.. math::  H_s(x) = \phi(x)^\top A_s, \qquad A_s \in \mathbb{R}^{D \times k}.
+
+Step t (mini-batch form of Xie App. A, one feature block i = t mod P; after
+P steps existing seeds are revisited, as Xie 4.2 does):
+
+KPCA (Alg. 1-2, eq. 10)
+    h_b = H(x_b);  M = mean_b h_b h_b^T
+    A   <- A (I - \eta_t M)                 (GHA variant: UT[M], Xie eq. 16)
+    A_i <- A_i + (\eta_t / B) mean_b \phi_i(x_b) h_b^T
+KSVD (Alg. 3)
+    u_b = U(x_b), v_b = V(y_b);  W = mean_b (u_b v_b^T + v_b u_b^T)
+    A <- A (I - \eta_t W),  A_i += (\eta_t/B) mean_b \phi_i(x_b) v_b^T
+    B <- B (I - \eta_t W),  B_i += (\eta_t/B) mean_b \psi_i(y_b) u_b^T
+KCCA (Alg. 4, eqs. 24-26; regularised covariances C_XX + \kappa I)
+    A_i += (\eta_t/B) mean_b \phi_i(x_b) (v_b - W u_b)^T,  A <- A - \eta_t \kappa A W
+    B_i += (\eta_t/B) mean_b \psi_i(y_b) (u_b - W v_b)^T,  B <- B - \eta_t \kappa B W
+
+with \eta_t = \theta_0 / (1 + \theta_1 t).  The 1/B averages the block (the
+kernel estimate of one block is (1/B) \phi_i(x) \phi_i(\cdot)); over a cycle
+of the pool the iteration is Oja's rule for the operator E[z z^T], z = \phi/\sqrt D,
+and its fixed point is orthonormal in the pool's RKHS metric
+<\phi^T a, \phi^T b> = D a^T b.
+
+Start.  Xie's printed algorithm starts at zero, which is a fixed point; we
+start from a random subspace in the first ceil(k/B) blocks, orthonormal in
+that metric.
+
+Centring (ours; on by default as in scikit-learn).  Workers return
+uncentred sums (\sum \phi_i H^T, \sum H H^T, \sum H, \sum \phi); the
+coordinator keeps a streaming mean \mu of the features and centres the sums
+exactly: \phi -> \phi - \mu, H -> H - \mu^T A.
+
+Components are ordered afterwards by a k x k Rayleigh-Ritz step on one pass
+of moments (:func:`rotate_pca`, :func:`rotate_pair`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.linalg import cholesky, eigh, solve_triangular, svd
+
+from dkernel.backend import asarray_like, namespace
+from dkernel.engine.program import Chunk, StepProgram
+from dkernel.features import FeatureMap
+from dkernel.solvers.dsg import block_rows, decision
+
+METHODS = ("kpca", "ksvd", "kcca")
+
+
+def init_blocks(n_components: int, block_size: int) -> int:
+    """Blocks that carry the starting subspace: enough columns for k functions."""
+    return max(1, math.ceil(n_components / block_size))
+
+
+def initial_coef(features: FeatureMap, n_blocks: int, n_components: int, seed: Any) -> np.ndarray:
+    """A random k-dimensional subspace in the first blocks, orthonormal in the
+    pool metric D a^T b (Xie et al. need a non-zero start: zero is a fixed point)."""
+    B = features.block_size
+    D = n_blocks * B
+    n0 = init_blocks(n_components, B)
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.standard_normal((n0 * B, n_components)))
+    A = np.zeros((D, n_components))
+    A[: n0 * B] = Q / math.sqrt(D)
+    return A
+
+
+def _view_chunk(chunk: Chunk, view: int) -> Chunk:
+    if view == 0:
+        return chunk
+    Y = chunk.y if chunk.y.ndim == 2 else chunk.y.reshape(-1, 1)
+    return Chunk(Y, None, chunk.rows, (chunk.key, "y"))
+
+
+def components_partial(payload: dict, chunk: Chunk) -> dict:
+    """Worker side of one step: the values H of every view on the rows and the
+    uncentred sums the coordinator needs (see module docstring)."""
+    values, phis, sums = [], [], []
+    for s, view in enumerate(payload["views"]):
+        features: FeatureMap = view["features"]
+        vchunk = _view_chunk(chunk, s)
+        rows = vchunk.X_rows
+        xp = namespace(rows)
+        coef = asarray_like(view["coef"], rows)
+        B = features.block_size
+        H = xp.zeros((rows.shape[0], coef.shape[1]), dtype=np.dtype(features.dtype))
+        phi_sum = []
+        for j in range(view["n_eval"]):
+            phi = block_rows(features, vchunk, j)
+            if j * B < coef.shape[0]:
+                H += phi @ coef[j * B : (j + 1) * B]
+            phi_sum.append(phi.sum(axis=0))
+            if j == view["block"]:
+                phis.append(phi)
+        values.append(H)
+        sums.append(xp.concatenate(phi_sum))
+    Hc = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
+    out = {
+        "H": Hc.sum(axis=0).astype(np.float64),
+        "HH": (Hc.T @ Hc).astype(np.float64),
+        "count": int(Hc.shape[0]),
+    }
+    for s in range(len(values)):
+        out[f"phi_sum{s}"] = sums[s].astype(np.float64)
+        out[f"phiH{s}"] = (phis[s].T @ Hc).astype(np.float64)
+    return out
+
+
+@dataclass
+class ComponentProgram(StepProgram):
+    """Engine program for Xie et al. Alg. 1 (kpca), 3 (ksvd) and 4 (kcca)."""
+
+    method: str
+    features: tuple[FeatureMap, ...]
+    n_blocks: int
+    n_components: int
+    step_size: float
+    step_decay: float
+    alpha: float = 0.0
+    center: bool = True
+    gha: bool = False
+    record_at: tuple[int, ...] = ()
+    label: str = "components"
+    seed: int = 0
+    _record: dict = field(default_factory=dict, repr=False)
+
+    partial = staticmethod(components_partial)
+    wants_chunk = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if len(self.features) != (1 if self.method == "kpca" else 2):
+            raise ValueError(
+                f"{self.method} needs {1 if self.method == 'kpca' else 2} feature maps"
+            )
+        if len({f.block_size for f in self.features}) != 1:
+            raise ValueError("both views must use the same block_size")
+        self._record = {int(r): i for i, r in enumerate(sorted(set(self.record_at)))}
+
+    @property
+    def B(self) -> int:
+        return self.features[0].block_size
+
+    def init_state(self) -> dict[str, Any]:
+        D, k = self.n_blocks * self.B, self.n_components
+        state: dict[str, Any] = {}
+        for s, f in enumerate(self.features):
+            state[f"coef{s}"] = initial_coef(f, self.n_blocks, k, [int(self.seed), 0x1A17, s])
+            state[f"mu{s}"] = np.zeros(D)
+            state[f"seen{s}"] = np.zeros(self.n_blocks)
+        if self._record:
+            state["recorded"] = np.zeros((len(self._record), D, k))
+        return state
+
+    def _active(self, step: int) -> tuple[int, int, int]:
+        """(block i of this step, blocks with coefficients, blocks to evaluate)."""
+        i = step % self.n_blocks
+        n_act = max(init_blocks(self.n_components, self.B), min(step, self.n_blocks))
+        return i, n_act, max(n_act, i + 1)
+
+    def payload(self, state: dict[str, Any], step: int) -> dict:
+        i, n_act, n_eval = self._active(step)
+        views = [
+            {
+                "features": f,
+                "block": i,
+                "n_eval": n_eval,
+                "coef": state[f"coef{s}"][: n_act * self.B].astype(f.dtype),
+            }
+            for s, f in enumerate(self.features)
+        ]
+        return {"views": views}
+
+    def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
+        i, n_act, n_eval = self._active(step)
+        B, k, m = self.B, self.n_components, float(total["count"])
+        blk = slice(i * B, (i + 1) * B)
+        S_H, S_HH = total["H"], total["HH"]
+        c_H = np.zeros_like(S_H)  # mean of H (zero when not centring)
+        mu_i = []
+        for s in range(len(self.features)):
+            mu, seen = state[f"mu{s}"], state[f"seen{s}"]
+            if self.center:  # streaming mean of the features, this batch included
+                seen[:n_eval] += m
+                w = np.repeat(m / seen[:n_eval], B)
+                mu[: n_eval * B] += w * (total[f"phi_sum{s}"] / m - mu[: n_eval * B])
+                c_H[s * k : (s + 1) * k] = mu[: n_act * B] @ state[f"coef{s}"][: n_act * B]
+            mu_i.append(mu[blk])
+        # centred second moments, exactly from the uncentred sums
+        M = (S_HH - np.outer(S_H, c_H) - np.outer(c_H, S_H)) / m + np.outer(c_H, c_H)
+        G = [
+            (total[f"phiH{s}"] - np.outer(mu_i[s], S_H) - np.outer(total[f"phi_sum{s}"][blk], c_H))
+            / m
+            + np.outer(mu_i[s], c_H)
+            for s in range(len(self.features))
+        ]
+        eta = self.step_size / (1.0 + self.step_decay * step)
+        A = state["coef0"]
+        if self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
+            A -= eta * (A @ (np.triu(M) if self.gha else M))
+            A[blk] += (eta / B) * G[0]
+        else:
+            Bc = state["coef1"]
+            W = M[:k, k:] + M[:k, k:].T  # mean (u v^T + v u^T)
+            if self.method == "ksvd":  # Xie Alg. 3
+                A -= eta * (A @ W)
+                Bc -= eta * (Bc @ W)
+                A[blk] += (eta / B) * G[0][:, k:]
+                Bc[blk] += (eta / B) * G[1][:, :k]
+            else:  # kcca, Xie Alg. 4 with regulariser kappa = alpha
+                if self.alpha:
+                    A -= (eta * self.alpha) * (A @ W)
+                    Bc -= (eta * self.alpha) * (Bc @ W)
+                A[blk] += (eta / B) * (G[0][:, k:] - G[0][:, :k] @ W)
+                Bc[blk] += (eta / B) * (G[1][:, :k] - G[1][:, k:] @ W)
+        if not np.all(np.isfinite(A)):
+            raise FloatingPointError(
+                f"{self.method} diverged at step {step} (step size eta={eta:.3g}); "
+                "use a smaller step_size"
+            )
+        if step + 1 in self._record:
+            state["recorded"][self._record[step + 1]] = A
+        return state
+
+    def metrics(self, total: dict[str, Any]) -> dict[str, float]:
+        m = float(total["count"])
+        return {"trace": float(np.trace(total["HH"]) / m)}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "solver": self.method,
+            "features": [f.to_dict() for f in self.features],
+            "n_blocks": self.n_blocks,
+            "n_components": self.n_components,
+            "step_size": self.step_size,
+            "step_decay": self.step_decay,
+            "alpha": self.alpha,
+            "center": self.center,
+            "gha": self.gha,
+            "record_at": sorted(self._record),
+            "seed": int(self.seed),
+        }
+
+
+# -- after the fit: one pass of moments, then a k x k rotation ------------------
+
+
+def moments_partial(payload: dict, X: Any, y: Any) -> dict:
+    """sum H, sum H H^T and the row count for the final coefficients (all views)."""
+    values = []
+    for s, view in enumerate(payload["views"]):
+        Z = X if s == 0 else (y if y.ndim == 2 else y.reshape(-1, 1))
+        Z = Z.astype(view["features"].dtype, copy=False)
+        values.append(decision(view["features"], view["coef"], Z))
+    H = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
+    return {
+        "H": H.sum(axis=0).astype(np.float64),
+        "HH": (H.T @ H).astype(np.float64),
+        "count": int(H.shape[0]),
+    }
+
+
+def moments_payload(features: tuple[FeatureMap, ...], coefs: tuple[np.ndarray, ...]) -> dict:
+    return {"views": [{"features": f, "coef": c.astype(f.dtype)} for f, c in zip(features, coefs)]}
+
+
+def centred_moments(total: dict, center: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(mean of H, second moment of H about that mean) from a moments pass."""
+    n = float(total["count"])
+    mean = total["H"] / n if center else np.zeros_like(total["H"])
+    return mean, total["HH"] / n - np.outer(mean, mean)
+
+
+def pool_gram(coef: np.ndarray) -> np.ndarray:
+    """RKHS Gram matrix of the functions phi^T coef in the pool metric D a^T b."""
+    return coef.shape[0] * (coef.T @ coef)
+
+
+def rotate_pca(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order the components: eigendecomposition M = E diag(lambda) E^T of the
+    k x k second moment of the scores (Xie et al.: the Oja iteration keeps H
+    orthonormal, so H E are the eigenfunctions and lambda their eigenvalues).
+
+    The pool Gram D A^T A is not used as the metric: it also counts the
+    mini-batch noise that every step adds to A along directions the data
+    barely excite (its size grows with the step), which would bias lambda low.
+    """
+    lam, E = eigh(M)
+    order = np.argsort(lam)[::-1]
+    return E[:, order], lam[order]
+
+
+def rotate_pair(
+    Sxx: np.ndarray, Syy: np.ndarray, Sxy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Whiten each view with its metric (Sxx, Syy), then an SVD of the whitened
+    cross moment orders the pairs: returns the rotations (Rx, Ry) and the
+    singular values (canonical correlations for KCCA)."""
+    Lx = cholesky(Sxx, lower=True)
+    Ly = cholesky(Syy, lower=True)
+    C = solve_triangular(Ly, solve_triangular(Lx, Sxy, lower=True).T, lower=True).T
+    P, sv, Qt = svd(C)
+    k = Sxy.shape[0]
+    Rx = solve_triangular(Lx.T, P[:, :k], lower=False)
+    Ry = solve_triangular(Ly.T, Qt.T[:, :k], lower=False)
+    return Rx, Ry, sv[:k]
