@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -130,13 +132,16 @@ def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):
     return (fx * fy).sum(0) / np.sqrt((fx**2).sum(0) * (fy**2).sum(0))
 
 
-def test_kcca_held_out_correlations_match_exact_kernel_cca(client):
+@pytest.mark.parametrize("init", ["subsample", "random"])
+def test_kcca_held_out_correlations_match_exact_kernel_cca(client, init):
     k = 2
     X, Y = _two_views(6000, 0)
     Xt, Yt = _two_views(2000, 1)
     exact = _exact_kcca(X[:1500], Y[:1500], Xt, Yt, 1.0, 1e-3, k)
+    # init_rows=500: the dense start alone sees few rows; the stochastic steps finish
     model = KernelCCA(
-        k, bandwidth=1.0, n_features=2048, alpha=1e-3, n_epochs=10, client=client
+        k, bandwidth=1.0, n_features=2048, alpha=1e-3, n_epochs=10, init=init, init_rows=500,
+        client=client,
     ).fit(X, Y)
     test_corr = model.canonical_correlations(Xt, Yt)
     # exact: 0.969, 0.962 on held-out data (measured); the two top pairs are
@@ -195,7 +200,7 @@ def test_ksvd_singular_values_match_exact_cross_covariance(client):
     np.testing.assert_allclose(model.singular_values_, exact, rtol=0.15)
 
 
-def test_cli_fit_kcca_and_transform_both_views(client, tmp_path):
+def test_cli_fit_kcca_and_transform_both_views(client, tmp_path, capsys):
     X, Y = _two_views(2000, 5)
     store = write_store(tmp_path / "views.zarr", X, Y, chunk_rows=500)
     out = str(tmp_path / "kcca.npz")
@@ -231,3 +236,29 @@ def test_cli_fit_kcca_and_transform_both_views(client, tmp_path):
     xs, ys = model.transform(X, Y)
     np.testing.assert_allclose(g["Z"][:], xs, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g["Z_y"][:], ys, rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert main(["evaluate", out, store, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    corr = model.canonical_correlations(X, Y)
+    np.testing.assert_allclose(result["correlations"], corr, rtol=1e-5)
+    assert result["sum_correlations"] == pytest.approx(sum(result["correlations"]))
+
+
+def test_bad_component_input_fails_before_any_work_naming_it():
+    X, Y = _two_views(300, 6)
+    with pytest.raises(ValueError, match="n_components=8 exceeds n_features=4"):
+        KernelPCA(8, n_features=4).fit(X)
+    with pytest.raises(ValueError, match="n_components must be"):
+        KernelCCA(0).fit(X, Y)
+    with pytest.raises(ValueError, match="init must be"):
+        KernelCCA(2, init="zeros").fit(X, Y)
+    with pytest.raises(ValueError, match="ordering must be"):
+        KernelPCA(2, ordering="best").fit(X)
+    with pytest.raises(ValueError, match="299 rows|300 rows"):
+        KernelCCA(2).fit(X, Y[:299])
+    with pytest.raises(ValueError, match="needs a second view"):
+        KernelCCA(2).fit(X)
+    bad = X.copy()
+    bad[7, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        KernelSVD(2).fit(bad, Y)

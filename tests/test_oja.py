@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dask.array as da
 import numpy as np
 from scipy.linalg import subspace_angles
@@ -81,7 +83,7 @@ def test_scan_through_engine_equals_local_fold(client):
     np.testing.assert_allclose(model.explained_variance_, lam, rtol=1e-5)
 
 
-def test_streaming_transform_lazy_save_load_and_cli(client, tmp_path):
+def test_streaming_transform_lazy_save_load_and_cli(client, tmp_path, capsys):
     X = _data(4000, 3)
     store = write_store(tmp_path / "x.zarr", X, chunk_rows=1000)
     out = str(tmp_path / "oja.npz")
@@ -134,3 +136,9 @@ def test_streaming_transform_lazy_save_load_and_cli(client, tmp_path):
         == 0
     )
     assert main(["transform", kpca_out, store, "--out", str(tmp_path / "z.zarr")]) == 0
+    # evaluate needs no labels for component models: variance of each score
+    capsys.readouterr()
+    assert main(["evaluate", kpca_out, store, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    Zk = load_model(kpca_out).transform(X).astype(np.float64)
+    np.testing.assert_allclose(result["explained_variance"], Zk.var(axis=0), rtol=1e-4)

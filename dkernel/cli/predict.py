@@ -65,6 +65,14 @@ def run_apply(args: argparse.Namespace) -> int:
 def metrics(model: Any, X: Any, y: Any) -> dict[str, float]:
     import dask.array as da
 
+    if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
+        corr = model.canonical_correlations(X, y)
+        return {"sum_correlations": float(np.sum(corr)),
+                "correlations": [float(c) for c in corr]}
+    if hasattr(model, "explained_variance_"):  # KernelPCA / StreamingKernelPCA
+        Z = model.transform(X).astype(np.float64)
+        var = da.compute(Z.var(axis=0))[0]
+        return {"explained_variance": [float(v) for v in var], "total_variance": float(var.sum())}
     if hasattr(model, "classes_"):
         pred = model.predict(X)
         acc = (pred == y.reshape(-1)).mean()
@@ -84,12 +92,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from dkernel.io import load_model
 
     model = load_model(args.model)
-    data = open_dataset(args.store, require_y=True)
+    data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
     with connect(scheduler=args.scheduler, n_workers=args.workers):
         result = metrics(model, data.X, data.y)
     if args.json:
         print(json.dumps(result))
     else:
         for k, v in result.items():
-            print(f"{k}: {v:.6g}")
+            shown = " ".join(f"{x:.4g}" for x in v) if isinstance(v, list) else f"{v:.6g}"
+            print(f"{k}: {shown}")
     return 0

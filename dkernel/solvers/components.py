@@ -131,6 +131,9 @@ class ComponentProgram(StepProgram):
     record_at: tuple[int, ...] = ()
     label: str = "components"
     seed: int = 0
+    #: Starting coefficients per view (rows of the first blocks); None: a random
+    #: orthonormal subspace (:func:`initial_coef`).
+    init: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
     _record: dict = field(default_factory=dict, repr=False)
 
     partial = staticmethod(components_partial)
@@ -146,6 +149,10 @@ class ComponentProgram(StepProgram):
         if len({f.block_size for f in self.features}) != 1:
             raise ValueError("both views must use the same block_size")
         self._record = {int(r): i for i, r in enumerate(sorted(set(self.record_at)))}
+        self._n_start = init_blocks(self.n_components, self.B)
+        if self.init is not None:
+            rows = max(a.shape[0] for a in self.init)
+            self._n_start = max(self._n_start, min(self.n_blocks, math.ceil(rows / self.B)))
 
     @property
     def B(self) -> int:
@@ -155,7 +162,11 @@ class ComponentProgram(StepProgram):
         D, k = self.n_blocks * self.B, self.n_components
         state: dict[str, Any] = {}
         for s, f in enumerate(self.features):
-            state[f"coef{s}"] = initial_coef(f, self.n_blocks, k, [int(self.seed), 0x1A17, s])
+            if self.init is None:
+                state[f"coef{s}"] = initial_coef(f, self.n_blocks, k, [int(self.seed), 0x1A17, s])
+            else:
+                state[f"coef{s}"] = np.zeros((D, k))
+                state[f"coef{s}"][: self.init[s].shape[0]] = self.init[s]
             state[f"mu{s}"] = np.zeros(D)
             state[f"seen{s}"] = np.zeros(self.n_blocks)
         if self._record:
@@ -165,7 +176,7 @@ class ComponentProgram(StepProgram):
     def _active(self, step: int) -> tuple[int, int, int]:
         """(block i of this step, blocks with coefficients, blocks to evaluate)."""
         i = step % self.n_blocks
-        n_act = max(init_blocks(self.n_components, self.B), min(step, self.n_blocks))
+        n_act = max(self._n_start, min(step, self.n_blocks))
         return i, n_act, max(n_act, i + 1)
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
@@ -249,6 +260,7 @@ class ComponentProgram(StepProgram):
             "gha": self.gha,
             "record_at": sorted(self._record),
             "seed": int(self.seed),
+            "init": None if self.init is None else [float(np.sum(a * a)) for a in self.init],
         }
 
 
@@ -301,16 +313,32 @@ def rotate_pca(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rotate_pair(
-    Sxx: np.ndarray, Syy: np.ndarray, Sxy: np.ndarray
+    Sxx: np.ndarray, Syy: np.ndarray, Sxy: np.ndarray, k: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Whiten each view with its metric (Sxx, Syy), then an SVD of the whitened
-    cross moment orders the pairs: returns the rotations (Rx, Ry) and the
-    singular values (canonical correlations for KCCA)."""
+    cross moment orders the pairs: returns the top-k rotations (Rx, Ry) and the
+    singular values (canonical correlations for KCCA); k defaults to all."""
     Lx = cholesky(Sxx, lower=True)
     Ly = cholesky(Syy, lower=True)
     C = solve_triangular(Ly, solve_triangular(Lx, Sxy, lower=True).T, lower=True).T
-    P, sv, Qt = svd(C)
-    k = Sxy.shape[0]
+    P, sv, Qt = svd(C, full_matrices=False)
+    k = min(Sxy.shape) if k is None else k
     Rx = solve_triangular(Lx.T, P[:, :k], lower=False)
     Ry = solve_triangular(Ly.T, Qt.T[:, :k], lower=False)
     return Rx, Ry, sv[:k]
+
+
+def regularized_cca(
+    Fx: np.ndarray, Fy: np.ndarray, kappa: float, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exact CCA of two explicit feature matrices with covariances C + kappa I:
+    whiten each view, SVD of the whitened cross covariance.  Returns the means
+    and the projections (mx, my, Wx, Wy); scores are (F - m) W.  O(n D^2 + D^3):
+    for a subsample or a small pool only."""
+    mx, my = Fx.mean(0, dtype=np.float64), Fy.mean(0, dtype=np.float64)
+    n = Fx.shape[0]
+    Cxx = (Fx.T @ Fx).astype(np.float64) / n - np.outer(mx, mx)
+    Cyy = (Fy.T @ Fy).astype(np.float64) / n - np.outer(my, my)
+    Cxy = (Fx.T @ Fy).astype(np.float64) / n - np.outer(mx, my)
+    Rx, Ry, _ = rotate_pair(Cxx + kappa * np.eye(len(Cxx)), Cyy + kappa * np.eye(len(Cyy)), Cxy, k)
+    return mx, my, Rx, Ry
