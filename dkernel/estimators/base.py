@@ -4,7 +4,8 @@ engine options, bandwidth resolution, label discovery and lazy prediction."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -36,7 +37,7 @@ class BaseEstimator:
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._param_names()}
 
-    def set_params(self, **params: Any) -> "BaseEstimator":
+    def set_params(self, **params: Any) -> BaseEstimator:
         valid = self._param_names()
         for k, v in params.items():
             if k not in valid:

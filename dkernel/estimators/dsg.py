@@ -9,11 +9,17 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.dataset import open_dataset
-from dkernel.engine import Engine, connect
-from dkernel.estimators.base import (BaseEstimator, apply_rows, check_common_params,
-                                     check_predict_input, discover_classes, resolve_bandwidth,
-                                     sample_rows)
 from dkernel.data.validate import check_positive
+from dkernel.engine import Engine, connect
+from dkernel.estimators.base import (
+    BaseEstimator,
+    apply_rows,
+    check_common_params,
+    check_predict_input,
+    discover_classes,
+    resolve_bandwidth,
+    sample_rows,
+)
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
@@ -109,7 +115,7 @@ class _DSGBase(BaseEstimator):
     def _encoding(self, data: Any, client: Any) -> TargetEncoding:
         raise NotImplementedError
 
-    def fit(self, X: Any, y: Any = None) -> "_DSGBase":
+    def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array or store path) and y (or the store's ``y``)."""
         self._check_params()
         data = open_dataset(X, y, require_y=True)
