@@ -39,10 +39,10 @@ def make_hermite(
 
 
 def _indices(k: int, d: int, sigma: float, bandwidth: float) -> list[tuple[int, ...]]:
-    """Multi-indices of the k largest eigenvalues (ties broken by index order)."""
-    a, b, c, A = _constants(sigma, bandwidth)
-    top = k  # degree <= k - 1 covers the top k in any dimension
-    idx = sorted(itertools.product(range(top), repeat=d), key=lambda j: (sum(j), j))
+    """Multi-indices of the k largest eigenvalues (ties broken by index order): the
+    eigenvalue falls with the total degree sum(j) alone, whatever sigma and bandwidth."""
+    # degree <= k - 1 covers the top k in any dimension
+    idx = sorted(itertools.product(range(k), repeat=d), key=lambda j: (sum(j), j))
     return idx[:k]
 
 
