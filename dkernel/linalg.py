@@ -6,7 +6,10 @@ the chunk (random features Phi(X_c), or kernel columns K(X_c, Z)), and every
 pass over T is one :meth:`dkernel.engine.Engine.map_reduce` whose partial
 results are N x r (or N x N) sums.  Two symmetric PSD operators are covered:
 
-``"gram"``  A = T^T T / n                   (feature covariance, EigenPro-RF)
+``"gram"``  A = T^T T / n                   (feature covariance, EigenPro-RF);
+            with ``center=True`` the covariance about the column mean mu,
+            A = T^T T / n - mu mu^T (mu is summed in the same pass: the
+            correction mu (mu^T Q) needs no extra read)
 ``"rows"``  A = T / n with T symmetric,      (K(S, S) / s of the EigenPro
             its rows the data rows            kernel form; y_c holds each row's
                                               index in S)
@@ -50,7 +53,8 @@ class Eigensystem:
     values: np.ndarray  # (k,)
     vectors: np.ndarray  # (N, k), orthonormal columns
     method: str
-    #: max_i |T_i|^2 over the rows of T (``gram`` only): beta of the EigenPro step size.
+    #: max_i |T_i|^2 over the rows of T (``gram`` only; about the mean with
+    #: ``center``): beta of the EigenPro step size.
     row_norm_max: float | None = None
 
 
@@ -65,10 +69,25 @@ def top_eigh(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- worker side ---------------------------------------------------------------
+def _row_norm_max(T: Any, mu: np.ndarray | None) -> float:
+    """max_i |T_i - mu|^2 (mu None: 0), as |T_i|^2 - 2 T_i.mu + |mu|^2 without a copy of T."""
+    sq = (T * T).sum(axis=1)
+    if mu is not None:
+        m = namespace(T).asarray(mu, dtype=T.dtype)
+        sq = sq - 2 * (T @ m) + float(mu @ mu)
+    return float(sq.max())
+
+
 def _gram_partial(payload: dict, X: Any, y: Any) -> dict:
     T = payload["block"](payload["params"], X)
     T64 = to_numpy(T).astype(np.float64, copy=False)
-    return {"A": T64.T @ T64, "norm": [float((T64 * T64).sum(axis=1).max())], "count": X.shape[0]}
+    return {"A": T64.T @ T64, "S": T64.sum(axis=0), "norm": [_row_norm_max(T64, None)],
+            "count": X.shape[0]}
+
+
+def _norm_partial(payload: dict, X: Any, y: Any) -> dict:
+    T = payload["block"](payload["params"], X)
+    return {"norm": [_row_norm_max(T, payload.get("mu"))], "count": X.shape[0]}
 
 
 def _rows_partial(payload: dict, X: Any, y: Any) -> dict:
@@ -82,8 +101,8 @@ def _gram_apply(payload: dict, X: Any, y: Any) -> dict:
     xp = namespace(T)
     Q = xp.asarray(payload["Q"], dtype=T.dtype)
     TQ = T @ Q
-    return {"Y": to_numpy(T.T @ TQ).astype(np.float64), "norm": [float((T * T).sum(axis=1).max())],
-            "count": X.shape[0]}
+    return {"Y": to_numpy(T.T @ TQ).astype(np.float64), "S": to_numpy(T.sum(axis=0)).astype(np.float64),
+            "norm": [_row_norm_max(T, payload.get("mu"))], "count": X.shape[0]}
 
 
 def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
@@ -96,15 +115,22 @@ def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
 
 # --- coordinator side ----------------------------------------------------------
 def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, *,
-                      operator: str = "gram", label: str = "eigensystem") -> Eigensystem:
+                      operator: str = "gram", center: bool = False,
+                      label: str = "eigensystem") -> Eigensystem:
     """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers."""
-    _check_operator(operator)
+    _check_operator(operator, center)
     n = data.n_rows
     if operator == "gram":
         total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params}, label=label)
         A = total["A"] / n
+        norm = max(total["norm"])
+        if center:
+            mu = total["S"] / n
+            A -= np.outer(mu, mu)
+            payload = {"block": block, "params": params, "mu": mu}
+            norm = max(engine.map_reduce(data, _norm_partial, payload, label=label)["norm"])
         w, V = top_eigh(A, k)
-        return Eigensystem(w, V, "dense", max(total["norm"]))
+        return Eigensystem(w, V, "dense", norm)
     else:
         total = engine.map_reduce(data, _rows_partial, {"block": block, "params": params}, label=label)
         A = np.empty((n, total["rows"][0].shape[1]))
@@ -117,15 +143,15 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
 
 
 def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int,
-                           n_inputs: int, *, operator: str = "gram", n_oversamples: int = 20,
-                           n_iter: int = 2, random_state: int = 0,
+                           n_inputs: int, *, operator: str = "gram", center: bool = False,
+                           n_oversamples: int = 20, n_iter: int = 2, random_state: int = 0,
                            label: str = "randomized eigensystem") -> Eigensystem:
     """Top ``k`` eigenpairs of A by a randomized range finder with power iterations.
 
     ``n_inputs`` is N (the width of T).  Every product A Q is one
     :meth:`map_reduce` over the row chunks (``n_iter + 2`` passes in all).
     """
-    _check_operator(operator)
+    _check_operator(operator, center)
     n = data.n_rows
     r = min(int(k) + int(n_oversamples), n_inputs)
     fn = _gram_apply if operator == "gram" else _rows_apply
@@ -133,12 +159,19 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
     Q = rng.standard_normal((n_inputs, r))
 
     norms: list[float] = []
+    mu: np.ndarray | None = None
 
     def apply(Q: np.ndarray) -> np.ndarray:
-        payload = {"block": block, "params": params, "Q": Q.astype(np.float32)}
+        nonlocal mu
+        payload = {"block": block, "params": params, "Q": Q.astype(np.float32), "mu": mu}
         total = engine.map_reduce(data, fn, payload, label=label)
-        norms.extend(total.get("norm", []))
-        return total["Y"] / n
+        if not center or mu is not None:  # centred norms need mu from a previous pass
+            norms.extend(total.get("norm", []))
+        AQ = total["Y"] / n
+        if center:
+            mu = total["S"] / n
+            AQ -= np.outer(mu, mu @ Q)
+        return AQ
 
     Q, _ = np.linalg.qr(apply(Q))
     for _ in range(int(n_iter)):  # HMT Alg. 4.4 (re-orthonormalised power steps)
@@ -150,19 +183,24 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
 
 
 def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_inputs: int, *,
-                operator: str = "gram", method: str = "auto", dense_max: int = 4096,
+                operator: str = "gram", center: bool = False, method: str = "auto",
+                dense_max: int = 4096,
                 random_state: int = 0, n_oversamples: int = 20, n_iter: int = 2,
                 label: str = "eigensystem") -> Eigensystem:
     """``method="auto"``: dense when N <= ``dense_max`` (exact, one pass), else randomized."""
     if method not in ("auto", "dense", "randomized"):
         raise ValueError(f"method={method!r}; choose 'auto', 'dense' or 'randomized'")
     if method == "dense" or (method == "auto" and n_inputs <= dense_max):
-        return dense_eigensystem(engine, data, block, params, k, operator=operator, label=label)
+        return dense_eigensystem(engine, data, block, params, k, operator=operator, center=center,
+                                 label=label)
     return randomized_eigensystem(engine, data, block, params, k, n_inputs, operator=operator,
+                                  center=center,
                                   n_oversamples=n_oversamples, n_iter=n_iter,
                                   random_state=random_state, label=label)
 
 
-def _check_operator(operator: str) -> None:
+def _check_operator(operator: str, center: bool = False) -> None:
     if operator not in ("gram", "rows"):
         raise ValueError(f"operator={operator!r}; choose 'gram' (T^T T / n) or 'rows' (T / n, T symmetric)")
+    if center and operator != "gram":
+        raise ValueError("center=True applies to operator='gram' (a covariance) only")

@@ -115,6 +115,47 @@ def test_work_runs_on_both_workers(client):
     assert len(workers) == 2, workers
 
 
+def test_preconditioned_kcca_work_runs_on_both_workers(client):
+    X, Y = _two_views(4000, 5)
+    Xd, Yd = da.from_array(X, chunks=(500, 2)), da.from_array(Y, chunks=(500, 3))
+    model = KernelCCA(
+        2, bandwidth=1.0, n_features=512, block_size=128, n_epochs=1, init_rows=1000,
+        preconditioner="eigenpro", client=client,
+    )
+    with get_task_stream(client) as ts:
+        model.fit(Xd, Yd)
+    # the eigensystem passes over the sampled rows and the whole-pool steps
+    workers = {t["worker"] for t in ts.data if "_run_partial" in str(t["key"])}
+    assert len(workers) == 2, workers
+
+
+def test_kcca_preconditioner_flattens_each_views_spectrum(client):
+    # the preconditioner comes from the centred pool covariance of the sampled
+    # rows; P C has top eigenvalue lambda_{q+1}, which sets the automatic step
+    X, Y = _two_views(3000, 4)
+    model = KernelCCA(
+        2, bandwidth=1.0, n_features=512, block_size=128, batch_size=256, n_epochs=1,
+        init_rows=1000, preconditioner="eigenpro", client=client,
+    ).fit(X, Y)
+    rng = np.random.default_rng([0, 0x1417])
+    idx = np.sort(rng.choice(3000, size=1000, replace=False))
+    for S, f, pre in zip((X[idx], Y[idx]), model.features_, model.preconditioners_):
+        Z = f.transform(S, 4).astype(np.float64)
+        Z -= Z.mean(axis=0)
+        C = Z.T @ Z / len(Z)
+        lam = np.linalg.eigvalsh(C)[::-1]
+        assert pre.q >= 2 and lam[0] / lam[pre.q] > 5  # there is something to flatten
+        np.testing.assert_allclose(pre.values[: pre.q + 1], lam[: pre.q + 1], rtol=2e-2)
+        PC = pre.apply(C)
+        top = np.max(np.abs(np.linalg.eigvals(PC)))
+        assert top == pytest.approx(lam[pre.q], rel=5e-2)
+        # q is the largest with critical batch beta / lambda_q + 1 <= batch_size
+        beta = (Z * Z).sum(axis=1).max()
+        assert beta / pre.values[pre.q] + 1 <= 256 * 1.05
+    tails = [pre.tail for pre in model.preconditioners_]
+    assert model.step_size_ == pytest.approx(0.5 / max(tails))
+
+
 def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):
     """Regularised kernel CCA (covariance operators C + kappa I) by a dense 2n x 2n
     generalised eigenproblem; held-out correlations of the top-k pairs."""
@@ -132,8 +173,10 @@ def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):
     return (fx * fy).sum(0) / np.sqrt((fx**2).sum(0) * (fy**2).sum(0))
 
 
-@pytest.mark.parametrize("init", ["subsample", "random"])
-def test_kcca_held_out_correlations_match_exact_kernel_cca(client, init):
+@pytest.mark.parametrize(
+    "init, preconditioner", [("subsample", None), ("random", None), ("random", "eigenpro")]
+)
+def test_kcca_held_out_correlations_match_exact_kernel_cca(client, init, preconditioner):
     k = 2
     X, Y = _two_views(6000, 0)
     Xt, Yt = _two_views(2000, 1)
@@ -141,7 +184,7 @@ def test_kcca_held_out_correlations_match_exact_kernel_cca(client, init):
     # init_rows=500: the dense start alone sees few rows; the stochastic steps finish
     model = KernelCCA(
         k, bandwidth=1.0, n_features=2048, alpha=1e-3, n_epochs=10, init=init, init_rows=500,
-        client=client,
+        preconditioner=preconditioner, client=client,
     ).fit(X, Y)
     test_corr = model.canonical_correlations(Xt, Yt)
     # exact: 0.969, 0.962 on held-out data (measured); the two top pairs are
@@ -252,6 +295,8 @@ def test_bad_component_input_fails_before_any_work_naming_it():
         KernelCCA(0).fit(X, Y)
     with pytest.raises(ValueError, match="init must be"):
         KernelCCA(2, init="zeros").fit(X, Y)
+    with pytest.raises(ValueError, match="preconditioner must be None or 'eigenpro'"):
+        KernelCCA(2, preconditioner="jacobi").fit(X, Y)
     with pytest.raises(ValueError, match="ordering must be"):
         KernelPCA(2, ordering="best").fit(X)
     with pytest.raises(ValueError, match="299 rows|300 rows"):

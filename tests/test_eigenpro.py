@@ -60,6 +60,30 @@ def test_feature_covariance_eigenvalues_match_numpy_eigh(client):
     assert eig.row_norm_max == pytest.approx((Z * Z).sum(axis=1).max(), rel=1e-4)
 
 
+@pytest.mark.parametrize("method", ["dense", "randomized"])
+def test_centred_feature_covariance_matches_numpy_eigh(client, method):
+    # the mean direction dominates the uncentred Gram of random Fourier features;
+    # center=True must remove it exactly (same pass, no extra read)
+    X = _points(1000, 4, seed=1) + 0.5
+    fm = FeatureMap("gaussian", 2.0, 4, 128, random_state=3)
+    Z = fm.transform(X, 2).astype(np.float64)
+    Zc = Z - Z.mean(axis=0)
+    ref = np.linalg.eigh(Zc.T @ Zc / 1000)[0][::-1]
+    uncentred_top = np.linalg.eigh(Z.T @ Z / 1000)[0][-1]
+    assert uncentred_top > 2 * ref[0]  # the check below can tell the two apart
+    data = open_dataset(X, chunk_rows=250)
+    eig = eigensystem(Engine(client), data, feature_block, {"features": fm, "n_blocks": 2}, 6, 256,
+                      operator="gram", center=True, method=method, n_iter=4)
+    np.testing.assert_allclose(eig.values, ref[:6], rtol=1e-3, atol=1e-6)
+    assert eig.row_norm_max == pytest.approx((Zc * Zc).sum(axis=1).max(), rel=1e-4)
+
+
+def test_center_is_for_the_gram_operator_only(client):
+    with pytest.raises(ValueError, match="center=True"):
+        eigensystem(Engine(client), open_dataset(_points(10, 2, seed=0)), kernel_block, {}, 2, 10,
+                    operator="rows", center=True)
+
+
 def test_randomized_eigensolver_runs_on_both_workers(client):
     from distributed import get_task_stream
 

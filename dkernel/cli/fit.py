@@ -67,6 +67,8 @@ def _build_components(args: argparse.Namespace) -> Any:
                   ("block_size", "block_size"), ("step_decay", "step_decay"), ("lanes", "lanes")]
     if cls is KernelCCA:
         flags.append(("alpha", "alpha"))
+        if args.preconditioner is not None:
+            kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
     for flag, param in flags:
         value = getattr(args, flag, None)
         if value is not None:
@@ -101,6 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="initial step, a number or 'auto' (dsg)")
     p.add_argument("--step-decay", dest="step_decay", type=float)
     p.add_argument("--lanes", type=int, help="chunks that share one step")
+    p.add_argument("--preconditioner", choices=("none", "eigenpro"),
+                   help="kcca: 'eigenpro' (preconditioned whole-pool steps) or 'none' (Xie Alg. 4)")
     p.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
     p.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
     p.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")

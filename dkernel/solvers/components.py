@@ -37,6 +37,23 @@ exactly: \phi -> \phi - \mu, H -> H - \mu^T A.
 
 Components are ordered afterwards by a k x k Rayleigh-Ritz step on one pass
 of moments (:func:`rotate_pca`, :func:`rotate_pair`).
+
+Preconditioned KCCA (ours; EigenPro's idea, Ma & Belkin 2017, applied to
+Alg. 4).  Alg. 4 moves along the i-th eigenfunction of C_XX at a rate
+~ \eta \lambda_i with \eta < ~1 / \lambda_1, so canonical functions in the
+low-variance directions of a slowly decaying spectrum need thousands of
+steps.  With ``preconditioners`` every step updates the whole pool (all P
+blocks; over a cycle of the pool Alg. 4 applies the same step at 1/P of the
+size per step) through P_s = I - E_s (I - \lambda_{q+1} \Lambda_s^{-1}) E_s^T,
+the top-q eigenpairs of the view's feature covariance
+(:class:`dkernel.solvers.eigenpro_rf.FeaturePreconditioner`, tau = 1):
+
+    A <- A + \eta P_x [ mean_b \phi(x_b) (v_b - W u_b)^T / D - \kappa A W ]
+    B <- B + \eta P_y [ mean_b \psi(y_b) (u_b - W v_b)^T / D - \kappa B W ]
+
+P_s flattens the top of the spectrum to \lambda_{q+1}, so \eta can grow by
+\lambda_1 / \lambda_{q+1}; the fixed point (the regularised CCA of the pool)
+does not change.
 """
 
 from __future__ import annotations
@@ -48,10 +65,11 @@ from typing import Any
 import numpy as np
 from scipy.linalg import cholesky, eigh, solve_triangular, svd
 
-from dkernel.backend import asarray_like, namespace
+from dkernel.backend import asarray_like, namespace, to_numpy
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.dsg import block_rows, decision
+from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
 
 METHODS = ("kpca", "ksvd", "kcca")
 
@@ -81,6 +99,10 @@ def _view_chunk(chunk: Chunk, view: int) -> Chunk:
     return Chunk(Y, None, chunk.rows, (chunk.key, "y"))
 
 
+#: ``block`` value of a step that updates every block of the pool.
+ALL_BLOCKS = -1
+
+
 def components_partial(payload: dict, chunk: Chunk) -> dict:
     """Worker side of one step: the values H of every view on the rows and the
     uncentred sums the coordinator needs (see module docstring)."""
@@ -93,25 +115,29 @@ def components_partial(payload: dict, chunk: Chunk) -> dict:
         coef = asarray_like(view["coef"], rows)
         B = features.block_size
         H = xp.zeros((rows.shape[0], coef.shape[1]), dtype=np.dtype(features.dtype))
-        phi_sum = []
+        phi_sum, updated = [], []
         for j in range(view["n_eval"]):
             phi = block_rows(features, vchunk, j)
             if j * B < coef.shape[0]:
                 H += phi @ coef[j * B : (j + 1) * B]
             phi_sum.append(phi.sum(axis=0))
-            if j == view["block"]:
-                phis.append(phi)
+            if view["block"] in (j, ALL_BLOCKS):
+                updated.append(phi)
         values.append(H)
         sums.append(xp.concatenate(phi_sum))
+        phis.append(updated[0] if len(updated) == 1 else xp.concatenate(updated, axis=1))
     Hc = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
     out = {
         "H": Hc.sum(axis=0).astype(np.float64),
         "HH": (Hc.T @ Hc).astype(np.float64),
         "count": int(Hc.shape[0]),
     }
+    # a whole-pool step sends D x 2k per view and task: float32 halves the
+    # traffic; these are gradient terms, not the moments that fix the metric
+    dt = np.float32 if payload["views"][0]["block"] == ALL_BLOCKS else np.float64
     for s in range(len(values)):
         out[f"phi_sum{s}"] = sums[s].astype(np.float64)
-        out[f"phiH{s}"] = (phis[s].T @ Hc).astype(np.float64)
+        out[f"phiH{s}"] = to_numpy(phis[s].T @ Hc).astype(dt)
     return out
 
 
@@ -134,6 +160,8 @@ class ComponentProgram(StepProgram):
     #: Starting coefficients per view (rows of the first blocks); None: a random
     #: orthonormal subspace (:func:`initial_coef`).
     init: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    #: One per view (kcca only): whole-pool preconditioned steps (module docstring).
+    preconditioners: tuple[FeaturePreconditioner, ...] | None = field(default=None, repr=False)
     _record: dict = field(default_factory=dict, repr=False)
 
     partial = staticmethod(components_partial)
@@ -148,6 +176,10 @@ class ComponentProgram(StepProgram):
             )
         if len({f.block_size for f in self.features}) != 1:
             raise ValueError("both views must use the same block_size")
+        if self.preconditioners is not None and (
+            self.method != "kcca" or len(self.preconditioners) != len(self.features)
+        ):
+            raise ValueError("preconditioners apply to kcca, one per view")
         self._record = {int(r): i for i, r in enumerate(sorted(set(self.record_at)))}
         self._n_start = init_blocks(self.n_components, self.B)
         if self.init is not None:
@@ -175,6 +207,8 @@ class ComponentProgram(StepProgram):
 
     def _active(self, step: int) -> tuple[int, int, int]:
         """(block i of this step, blocks with coefficients, blocks to evaluate)."""
+        if self.preconditioners is not None:
+            return ALL_BLOCKS, self.n_blocks, self.n_blocks
         i = step % self.n_blocks
         n_act = max(self._n_start, min(step, self.n_blocks))
         return i, n_act, max(n_act, i + 1)
@@ -195,7 +229,7 @@ class ComponentProgram(StepProgram):
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         i, n_act, n_eval = self._active(step)
         B, k, m = self.B, self.n_components, float(total["count"])
-        blk = slice(i * B, (i + 1) * B)
+        blk = slice(0, n_eval * B) if i == ALL_BLOCKS else slice(i * B, (i + 1) * B)
         S_H, S_HH = total["H"], total["HH"]
         c_H = np.zeros_like(S_H)  # mean of H (zero when not centring)
         mu_i = []
@@ -228,6 +262,11 @@ class ComponentProgram(StepProgram):
                 Bc -= eta * (Bc @ W)
                 A[blk] += (eta / B) * G[0][:, k:]
                 Bc[blk] += (eta / B) * G[1][:, :k]
+            elif self.preconditioners is not None:  # whole pool, preconditioned (docstring)
+                D = A.shape[0]
+                Px, Py = self.preconditioners
+                A += eta * Px.apply((G[0][:, k:] - G[0][:, :k] @ W) / D - self.alpha * (A @ W))
+                Bc += eta * Py.apply((G[1][:, :k] - G[1][:, k:] @ W) / D - self.alpha * (Bc @ W))
             else:  # kcca, Xie Alg. 4 with regulariser kappa = alpha
                 if self.alpha:
                     A -= (eta * self.alpha) * (A @ W)
@@ -261,6 +300,9 @@ class ComponentProgram(StepProgram):
             "record_at": sorted(self._record),
             "seed": int(self.seed),
             "init": None if self.init is None else [float(np.sum(a * a)) for a in self.init],
+            "preconditioners": None
+            if self.preconditioners is None
+            else [[p.q, p.tau, float(np.sum(p.values))] for p in self.preconditioners],
         }
 
 
