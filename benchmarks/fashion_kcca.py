@@ -77,6 +77,7 @@ def main() -> None:
     p.add_argument("--eigenpro-batch-size", type=int, default=1024)
     p.add_argument("--eigenpro-epochs", type=int, default=6)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--lanes", type=int, default=4, help="chunks that share one DSG step")
     args = p.parse_args()
 
     from distributed import Client, LocalCluster
@@ -161,6 +162,7 @@ def main() -> None:
                 alpha=args.alpha,
                 init=init,
                 preconditioner="eigenpro" if eigenpro else None,
+                lanes=args.lanes,
                 step_size=args.step_size,
                 step_decay=args.step_decay,
                 client=client,
