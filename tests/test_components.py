@@ -15,6 +15,7 @@ from dkernel import KernelCCA, KernelPCA, KernelSVD, load_model
 from dkernel.cli import main
 from dkernel.data import write_store
 from dkernel.datasets import hermite_eigenfunctions, hermite_eigenvalues, make_hermite
+from dkernel.io import read_npz, write_npz_atomic
 from dkernel.kernels import kernel_matrix
 
 
@@ -154,6 +155,27 @@ def test_kcca_preconditioner_flattens_each_views_spectrum(client):
         assert beta / pre.values[pre.q] + 1 <= 256 * 1.05
     tails = [pre.tail for pre in model.preconditioners_]
     assert model.step_size_ == pytest.approx(0.5 / max(tails))
+
+
+def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
+    # the start and the preconditioner are recomputed on resume; the steps
+    # after the checkpoint then replay those of the uninterrupted fit
+    X, Y = _two_views(3000, 7)
+    kw = dict(bandwidth=1.0, n_features=512, block_size=128, batch_size=256, n_epochs=2,
+              init_rows=1000, lanes=2, client=client)
+    ckpt = tmp_path / "kcca.ckpt.npz"
+    reference = KernelCCA(2, checkpoint=str(ckpt), checkpoint_every=9, **kw).fit(X, Y)
+    arrays, meta = read_npz(ckpt)
+    assert 0 < meta["step"] < 24  # 2 epochs of 12 steps: the last save is before the end
+    resumed = KernelCCA(2, checkpoint=str(ckpt), resume=True, **kw).fit(X, Y)
+    scale = np.abs(reference.x_components_).max()
+    np.testing.assert_allclose(resumed.x_components_, reference.x_components_, atol=1e-5 * scale)
+    # and the checkpoint is what it continues from: a perturbed state shows
+    arrays["coef0"] = arrays["coef0"] * 3
+    write_npz_atomic(ckpt, arrays, {k: v for k, v in meta.items()
+                                    if k not in ("format", "format_version", "versions")})
+    perturbed = KernelCCA(2, checkpoint=str(ckpt), resume=True, **kw).fit(X, Y)
+    assert not np.allclose(perturbed.x_components_, reference.x_components_, atol=1e-3 * scale)
 
 
 def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):

@@ -74,6 +74,8 @@ _DOC_COMMON = """
 #: Measured: a synthetic two-view problem diverged at 1.9 / lambda_1; Fashion-MNIST
 #: halves (k = 50, started near the solution by init="subsample") diverged at
 #: 0.99 / lambda_1 within 12 steps.  KPCA / KSVD are stable at 1 / lambda_1.
+#: With KernelCCA's preconditioner the same bound holds for the flattened
+#: spectrum, so theta_0 = 0.5 / lambda_{q+1} (max over the two views).
 _STEP_SCALE = {"kpca": 1.0, "ksvd": 1.0, "kcca": 0.5}
 
 

@@ -299,11 +299,18 @@ class ComponentProgram(StepProgram):
             "gha": self.gha,
             "record_at": sorted(self._record),
             "seed": int(self.seed),
-            "init": None if self.init is None else [float(np.sum(a * a)) for a in self.init],
+            "init": None if self.init is None else [_digest(np.sum(a * a)) for a in self.init],
             "preconditioners": None
             if self.preconditioners is None
-            else [[p.q, p.tau, float(np.sum(p.values))] for p in self.preconditioners],
+            else [[p.q, p.tau, _digest(np.sum(p.values))] for p in self.preconditioners],
         }
+
+
+def _digest(x: float) -> float:
+    """A float for a checkpoint fingerprint, to 8 digits: a resumed fit recomputes
+    its start and preconditioner, and BLAS may round the last bits differently
+    (memory alignment, thread count) without the fit being another one."""
+    return float(f"{float(x):.8g}")
 
 
 # -- after the fit: one pass of moments, then a k x k rotation ------------------
