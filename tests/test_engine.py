@@ -38,6 +38,55 @@ def test_plan_depends_on_lanes_not_on_workers():
     assert all(np.array_equal(x, y) for x, y in zip(a.row_slices(2, 4), b.row_slices(2, 4)))
 
 
+def test_a_group_takes_one_chunk_of_each_lane_class():
+    # chunk c lives on worker c mod n_workers: with 2 or 4 workers and 4 lanes
+    # every step's tasks are spread evenly, whatever the epoch's permutation
+    plan = ChunkPlan((64,) * 11, 64, 4, 5)
+    for epoch in range(3):
+        groups = plan.groups(epoch)
+        assert sorted(c for g in groups for c in g) == list(range(11))
+        for g in groups[:-1]:
+            assert sorted(c % 4 for c in g) == [0, 1, 2, 3]
+        assert len({c % 4 for c in groups[-1]}) == len(groups[-1])
+    assert plan.groups(0) != plan.groups(1)
+
+
+def test_cache_keeps_a_runs_first_blocks_when_its_cycle_outgrows_the_budget():
+    import dask
+
+    from dkernel.engine import cache
+
+    block = np.ones(1000, np.float64)  # 8 kB
+    computed = []
+
+    def fill(i):
+        computed.append(i)
+        return block.copy()
+
+    cache.clear()
+    try:
+        with dask.config.set({"dkernel.cache-fraction": 1.0}):
+            limit = cache.budget()
+            with dask.config.set({"dkernel.cache-fraction": 3.5 * block.nbytes / limit}):
+                for epoch in range(3):  # a cycle of 5 blocks through room for 3
+                    for i in range(5):
+                        cache.lookup_or_fill(("run-a", i), lambda i=i: fill(i), block.nbytes, owner="a")
+                # plain LRU would miss all 15; the run keeps blocks 0-2 and declines 3-4
+                assert computed == [0, 1, 2]
+                assert cache.stats()["hits"] == 6 and cache.stats()["declined"] == 6
+                # another run evicts the first run's least recently used blocks
+                cache.lookup_or_fill(("run-b", 0), lambda: fill("b"), block.nbytes, owner="b")
+                assert computed[-1] == "b" and cache.stats()["entries"] == 3
+                # a hit makes an earlier run's block the current run's
+                assert cache.lookup_or_fill(("run-a", 2), lambda: fill("x"), block.nbytes,
+                                            owner="b") is not None
+                assert cache.lookup_or_fill(("run-b", 1), lambda: fill("b1"), block.nbytes,
+                                            owner="b") is not None
+                assert ("run-a", 1) not in cache._entries and ("run-a", 2) in cache._entries
+    finally:
+        cache.clear()
+
+
 def _moments(payload, X, y):
     return {"s": X.sum(axis=0).astype(np.float64), "ss": (X.astype(np.float64) ** 2).sum(), "count": X.shape[0]}
 

@@ -1,12 +1,16 @@
 """Which rows go into which step: chunk-level shuffling for out-of-core data.
 
-Each epoch the chunk order is permuted, chunks are taken ``lanes`` at a time
-(a group, loaded once), and the rows of every chunk are permuted and cut into
-slices of ``ceil(batch_size / lanes)``.  Step j of a group takes slice j of
-every chunk in the group, so one mini-batch is spread over ``lanes`` chunks
-that live on different workers.  The plan depends on the seed, the epoch,
-the batch size, the lanes and the row chunking -- never on the number of
-workers -- which makes fits reproducible on any cluster.
+Each epoch the chunk order is permuted and chunks are taken ``lanes`` at a
+time (a group, loaded once), one from each lane class c mod ``lanes``; the
+rows of every chunk are permuted and cut into slices of
+``ceil(batch_size / lanes)``.  Step j of a group takes slice j of every chunk
+in the group, so one mini-batch is spread over ``lanes`` chunks.  The engine
+keeps chunk c on worker c mod n_workers, so when the worker count divides
+the lanes (or the lanes divide it) a group's chunks sit on different workers
+and a step is never two tasks queued on one worker while another idles.  The
+plan depends on the seed, the epoch, the batch size, the lanes and the row
+chunking -- never on the number of workers -- which makes fits reproducible
+on any cluster.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ class ChunkPlan:
         return _rng(_ORDER, self.random_state, epoch).permutation(n)
 
     def groups(self, epoch: int) -> list[tuple[int, ...]]:
-        order = self.chunk_order(epoch)
-        return [tuple(int(c) for c in order[i : i + self.lanes])
-                for i in range(0, len(order), self.lanes)]
+        """The epoch's groups: the i-th takes the i-th chunk of every lane class
+        in the permuted order (a class may run one chunk short at the end)."""
+        order = [int(c) for c in self.chunk_order(epoch)]
+        classes = [[c for c in order if c % self.lanes == r] for r in range(self.lanes)]
+        return [tuple(cl[i] for cl in classes if i < len(cl))
+                for i in range(max(len(cl) for cl in classes))]
 
     def group_steps(self, group: tuple[int, ...]) -> int:
         return max(math.ceil(self.row_chunks[c] / self.per_lane) for c in group)

@@ -5,10 +5,18 @@ Regenerating a block costs O(rows x width x d) flops every epoch; keeping it
 turns later epochs into matrix-vector work (Falkon keeps K_nm in RAM when it
 fits).  The cache is bounded: it may use ``fraction`` of the worker's memory
 limit (dask config ``dkernel.cache-fraction``, default 0.4), evicts least
-recently used blocks, and :func:`lookup_or_fill` declines blocks that do not
-fit so the caller computes only the rows it needs -- streaming recomputation
-with O(chunk + model) memory.  Values are pure functions of their key, so a
-lost or evicted entry is simply recomputed.
+recently used blocks of *other* runs, and :func:`lookup_or_fill` declines
+blocks that do not fit so the caller computes only the rows it needs --
+streaming recomputation with O(chunk + model) memory.  Values are pure
+functions of their key, so a lost or evicted entry is simply recomputed.
+
+Why a run never evicts its own blocks: a fit reads its chunks in a cycle
+(every epoch the same blocks), and plain LRU on a cycle larger than the
+budget evicts each block just before it is needed again -- a hit rate of
+zero however close the budget is to the working set.  Keeping the blocks
+that were filled first and declining the rest gives a hit rate of budget /
+working set.  A block filled by an earlier run (another fit, or the same
+fit before a restart) becomes the current run's on its first hit.
 """
 
 from __future__ import annotations
@@ -42,26 +50,43 @@ def budget() -> int:
     return int(fraction * limit)
 
 
-def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int) -> Any | None:
-    """The cached value of ``key``; computed and stored if ``nbytes`` fits the
-    budget (evicting old entries); None if it cannot fit."""
+def _room(limit: int, owner: Hashable | None) -> int:
+    """Bytes free once every entry ``owner`` may evict is gone (lock held)."""
+    evictable = sum(v.nbytes for v, o in _entries.values() if owner is None or o != owner)
+    return limit - _bytes + evictable
+
+
+def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
+                   owner: Hashable | None = None) -> Any | None:
+    """The cached value of ``key``; else computed and stored if ``nbytes`` fits
+    the budget once least recently used entries of other owners are evicted;
+    else None (nothing computed).  ``owner`` names the run asking (None: any
+    entry may be evicted, plain LRU)."""
     global _bytes
     with _lock:
         if key in _entries:
             _entries.move_to_end(key)
+            value, old_owner = _entries[key]
+            if owner is not None and old_owner != owner:
+                _entries[key] = (value, owner)
             _stats["hits"] += 1
-            return _entries[key]
-    limit = budget()
-    if nbytes > limit:
-        _stats["declined"] += 1
-        return None
+            return value
+        limit = budget()
+        if nbytes > _room(limit, owner):
+            _stats["declined"] += 1
+            return None
     value = compute()
+    # threads filling at once may each have counted the same room: the budget
+    # can be overrun by a block per worker thread, never more
     with _lock:
         _stats["misses"] += 1
-        while _entries and _bytes + nbytes > limit:
-            _, old = _entries.popitem(last=False)
-            _bytes -= old.nbytes
-        _entries[key] = value
+        if key in _entries:  # filled by another thread meanwhile
+            return _entries[key][0]
+        for k in [k for k, (_, o) in _entries.items() if owner is None or o != owner]:
+            if _bytes + value.nbytes <= limit:
+                break
+            _bytes -= _entries.pop(k)[0].nbytes
+        _entries[key] = (value, owner)
         _bytes += value.nbytes
     return value
 

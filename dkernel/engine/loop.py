@@ -19,6 +19,7 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
+import uuid
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from functools import partial
@@ -73,12 +74,12 @@ def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> 
 
 
 def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None,
-                 key: Any = None, constants: dict | None = None) -> dict:
+                 key: Any = None, constants: dict | None = None, run: Any = None) -> dict:
     X, y = chunk
     if constants is not None:  # step-independent arrays, shipped once per run (StepProgram.constants)
         payload = {**payload, **constants}
     if key is not None:
-        return fn(payload, Chunk(X, y, rows, key))
+        return fn(payload, Chunk(X, y, rows, key, run))
     if rows is not None:
         X = X[rows]
         y = None if y is None else y[rows]
@@ -185,6 +186,7 @@ class Engine:
         source = _ChunkSource(self.client, data, opts.dtype)
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
+        run = uuid.uuid4().hex  # owner of the blocks this run caches on the workers
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
@@ -212,7 +214,7 @@ class Engine:
                         futs = [self.client.submit(_run_partial, type(program).partial, payload,
                                                    current[c], slices[c][j],
                                                    (data.X.name, c) if program.wants_chunk else None,
-                                                   *extra, workers=source.home(c),
+                                                   *extra, run=run, workers=source.home(c),
                                                    allow_other_workers=True, pure=False)
                                 for c in group if j < len(slices[c])]
                         try:

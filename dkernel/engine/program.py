@@ -20,13 +20,16 @@ class Chunk:
     programs with ``wants_chunk = True`` so they can cache per-chunk blocks.
 
     ``key`` identifies the chunk's data across epochs and tasks (dataset
-    token, chunk index); ``rows`` are indices into the chunk (None: all).
+    token, chunk index); ``rows`` are indices into the chunk (None: all);
+    ``run`` identifies the engine run, the owner of the blocks it caches
+    (:func:`dkernel.engine.cache.lookup_or_fill`).
     """
 
     X: Any
     y: Any
     rows: Any
     key: Hashable
+    run: Hashable = None
 
     @property
     def X_rows(self) -> Any:

@@ -96,7 +96,7 @@ def _view_chunk(chunk: Chunk, view: int) -> Chunk:
     if view == 0:
         return chunk
     Y = chunk.y if chunk.y.ndim == 2 else chunk.y.reshape(-1, 1)
-    return Chunk(Y, None, chunk.rows, (chunk.key, "y"))
+    return Chunk(Y, None, chunk.rows, (chunk.key, "y"), chunk.run)
 
 
 #: ``block`` value of a step that updates every block of the pool.

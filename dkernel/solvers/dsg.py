@@ -59,7 +59,8 @@ def block_rows(features: FeatureMap, chunk: Chunk, block_id: int) -> Any:
     on first use), or regenerated for the rows alone when it does not fit."""
     nbytes = chunk.X.shape[0] * features.block_size * np.dtype(features.dtype).itemsize
     full = cache.lookup_or_fill((chunk.key, features, block_id),
-                                lambda: features.block(chunk.X, block_id), nbytes)
+                                lambda: features.block(chunk.X, block_id), nbytes,
+                                 owner=chunk.run)
     if full is None:
         return features.block(chunk.X_rows, block_id)
     return full if chunk.rows is None else full[chunk.rows]

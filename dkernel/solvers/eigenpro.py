@@ -207,7 +207,7 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
         itemsize = 4 if mode == "float32" else 2
         full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
                                     lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
-                                    n_c * p * itemsize)
+                                    n_c * p * itemsize, owner=chunk.run)
     m = rows.shape[0]
     g = xp.empty((m, a.shape[1]), dtype=np.float32)
     ks = xp.empty((m, sub.shape[0]), dtype=np.float32)

@@ -76,7 +76,8 @@ def eigenpro_rf_partial(payload: dict, chunk: Chunk) -> dict:
     encoding: TargetEncoding = payload["encoding"]
     nbytes = chunk.X.shape[0] * n_blocks * features.block_size * np.dtype(features.dtype).itemsize
     full = cache.lookup_or_fill((chunk.key, features, n_blocks, "eigenpro-rf"),
-                                lambda: features.transform(chunk.X, n_blocks), nbytes)
+                                lambda: features.transform(chunk.X, n_blocks), nbytes,
+                                owner=chunk.run)
     if full is None:
         Z = features.transform(chunk.X_rows, n_blocks)
     else:
