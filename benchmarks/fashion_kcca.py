@@ -121,13 +121,15 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=1e-4, help="kappa for DSG-KCCA and RFF-CCA")
     p.add_argument("--linear-ridge", type=float, default=1e-4)
     p.add_argument("--step-size", default="auto", type=lambda v: v if v == "auto" else float(v))
-    p.add_argument("--step-decay", type=float, default=1e-3)
+    p.add_argument("--step-decay", default="auto",
+                   type=lambda v: v if v == "auto" else float(v))
     p.add_argument("--init", nargs="+", default=["subsample"], choices=("subsample", "random"),
                    help="KernelCCA start(s) to run for each pool size")
     p.add_argument("--solver", nargs="+", default=["eigenpro"], choices=("dsg", "eigenpro"),
                    help="dsg: Xie Alg. 4 block steps; eigenpro: preconditioned whole-pool steps")
     p.add_argument("--eigenpro-batch-size", type=int, default=1024)
-    p.add_argument("--eigenpro-epochs", type=int, default=6)
+    p.add_argument("--eigenpro-epochs", type=int, nargs="+", default=[6],
+                   help="epochs of the eigenpro solver (each value is a run)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lanes", type=int, default=4, help="chunks that share one DSG step")
     args = p.parse_args()
@@ -199,9 +201,10 @@ def main() -> None:
         ) as cluster,
         Client(cluster) as client,
     ):
-        runs = [(nf, init, solver) for nf in args.dsg_features for init in args.init
-                for solver in args.solver]
-        for nf, init, solver in runs:
+        runs = [(nf, init, solver, ep) for nf in args.dsg_features for init in args.init
+                for solver in args.solver
+                for ep in (args.eigenpro_epochs if solver == "eigenpro" else [args.epochs])]
+        for nf, init, solver, epochs in runs:
             eigenpro = solver == "eigenpro"
             t0 = time.perf_counter()
             model = KernelCCA(
@@ -211,7 +214,7 @@ def main() -> None:
                 n_features=nf,
                 block_size=min(args.block_size, nf),
                 batch_size=args.eigenpro_batch_size if eigenpro else args.batch_size,
-                n_epochs=args.eigenpro_epochs if eigenpro else args.epochs,
+                n_epochs=epochs,
                 alpha=args.alpha,
                 init=init,
                 preconditioner="eigenpro" if eigenpro else None,
@@ -223,20 +226,23 @@ def main() -> None:
             ).fit(views)
             corr = model.canonical_correlations(Lte, Rte)
             secs = time.perf_counter() - t0
-            results[f"dsg_kcca_{nf}_{init}_{solver}"] = {
+            results[f"dsg_kcca_{nf}_{init}_{solver}_{epochs}"] = {
                 "features": nf,
                 "init": init,
                 "solver": solver,
+                "epochs": epochs,
                 "sum_corr": float(corr.sum()),
                 "seconds": secs,
                 "step_size_": model.step_size_,
+                "step_decay_": model.step_decay_,
                 "q": None if model.preconditioners_ is None
                 else [pre.q for pre in model.preconditioners_],
                 "time_over_rff": secs / peer["seconds"],
                 "sum_corr_over_rff": float(corr.sum()) / peer["sum_corr"],
             }
             print(
-                f"DSG-KCCA ({nf} features/view, {solver}, init={init}): sum {corr.sum():.2f} "
+                f"DSG-KCCA ({nf} features/view, {solver}, {epochs} epochs, init={init}): "
+                f"sum {corr.sum():.2f} "
                 f"in {secs:.1f}s "
                 f"({corr.sum() / peer['sum_corr']:.3f}x the correlation and "
                 f"{secs / peer['seconds']:.2f}x the time of RFF CCA, {peer['features']} features)",

@@ -155,6 +155,40 @@ def test_kcca_preconditioner_flattens_each_views_spectrum(client):
         assert beta / pre.values[pre.q] + 1 <= 256 * 1.05
     tails = [pre.tail for pre in model.preconditioners_]
     assert model.step_size_ == pytest.approx(0.5 / max(tails))
+    assert model.step_decay_ == 1e-2  # "auto" for whole-pool steps
+
+
+def test_a_short_preconditioned_step_is_cut_to_its_rows():
+    # a chunk's last rows make a short step: EigenPro's step is linear in the
+    # batch below the critical size, so eta shrinks by m / batch_size
+    from dkernel.engine.program import Chunk
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.components import ALL_BLOCKS, ComponentProgram, components_partial
+    from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
+
+    X, Y = _two_views(256, 3)
+    fs = (FeatureMap("gaussian", 1.0, 2, 64, 0, 0), FeatureMap("gaussian", 1.0, 3, 64, 0, 1))
+    E = np.linalg.qr(np.random.default_rng(0).standard_normal((128, 4)))[0]
+    pre = FeaturePreconditioner(np.array([0.5, 0.2, 0.1, 0.05, 0.01]), E, 4, 1.0)
+    prog = ComponentProgram("kcca", fs, 2, 2, 10.0, 0.0, alpha=1e-3, center=False,
+                            preconditioners=(pre, pre), batch_size=200)
+    state = prog.init_state()
+    payload = prog.payload(state, 0)
+    assert payload["views"][0]["block"] == ALL_BLOCKS
+
+    def change(rows):
+        total = components_partial(payload, Chunk(X, Y, rows, ("t", 0)))
+        before = state["coef0"].copy()
+        after = prog.update({k: v.copy() for k, v in state.items()}, total, 0)["coef0"]
+        return after - before, total
+
+    full, _ = change(np.arange(200))
+    short, _ = change(np.arange(200, 250))
+    # the same step at the full eta, applied by hand, is 200 / 50 times larger
+    prog.batch_size = 50
+    uncut, _ = change(np.arange(200, 250))
+    np.testing.assert_allclose(short * 4, uncut, rtol=1e-6, atol=1e-12)
+    assert np.abs(full).max() > 0
 
 
 def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
@@ -319,6 +353,8 @@ def test_bad_component_input_fails_before_any_work_naming_it():
         KernelCCA(2, init="zeros").fit(X, Y)
     with pytest.raises(ValueError, match="preconditioner must be None or 'eigenpro'"):
         KernelCCA(2, preconditioner="jacobi").fit(X, Y)
+    with pytest.raises(ValueError, match="step_decay"):
+        KernelCCA(2, step_decay=-1.0).fit(X, Y)
     with pytest.raises(ValueError, match="ordering must be"):
         KernelPCA(2, ordering="best").fit(X)
     with pytest.raises(ValueError, match="299 rows|300 rows"):

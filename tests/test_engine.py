@@ -68,9 +68,10 @@ def test_cache_keeps_a_runs_first_blocks_when_its_cycle_outgrows_the_budget():
         with dask.config.set({"dkernel.cache-fraction": 1.0}):
             limit = cache.budget()
             with dask.config.set({"dkernel.cache-fraction": 3.5 * block.nbytes / limit}):
-                for epoch in range(3):  # a cycle of 5 blocks through room for 3
+                for _ in range(3):  # three epochs of a cycle of 5 blocks, room for 3
                     for i in range(5):
-                        cache.lookup_or_fill(("run-a", i), lambda i=i: fill(i), block.nbytes, owner="a")
+                        cache.lookup_or_fill(("run-a", i), lambda i=i: fill(i), block.nbytes,
+                                             owner="a")
                 # plain LRU would miss all 15; the run keeps blocks 0-2 and declines 3-4
                 assert computed == [0, 1, 2]
                 assert cache.stats()["hits"] == 6 and cache.stats()["declined"] == 6

@@ -244,10 +244,14 @@ class Engine:
         return state
 
     def map_reduce(self, data: Dataset, fn: Callable, payload: Any = None, *,
-                   label: str = "pass", window: int | None = None) -> dict[str, Any]:
-        """Sum ``fn(payload, X_chunk, y_chunk)`` over every chunk (one read each)."""
+                   label: str = "pass", window: int | None = None,
+                   wants_chunk: bool = False) -> dict[str, Any]:
+        """Sum ``fn(payload, X_chunk, y_chunk)`` over every chunk (one read each);
+        with ``wants_chunk`` ``fn(payload, chunk)`` gets a :class:`Chunk` whose key
+        finds the blocks a fit cached from the same chunk."""
         source = _ChunkSource(self.client, data, self.options.dtype)
         payload = _ship(self.client, payload)
+        run = uuid.uuid4().hex
         n = data.n_chunks
         window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
         progress = Progress(n, label, self.options.progress)
@@ -256,7 +260,10 @@ class Engine:
         for start in range(0, n, window):
             ids = tuple(range(start, min(n, start + window)))
             chunks = source.get(ids)
-            batch = [self.client.submit(_run_partial, fn, payload, chunks[c], None, pure=False)
+            batch = [self.client.submit(_run_partial, fn, payload, chunks[c], None,
+                                        (data.X.name, c) if wants_chunk else None, run=run,
+                                        workers=source.home(c), allow_other_workers=True,
+                                        pure=False)
                      for c in ids]
             del chunks
             # keep at most two windows of chunks alive: wait for the previous one

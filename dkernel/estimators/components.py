@@ -52,8 +52,11 @@ _DOC_COMMON = """
         theta_0 of eta_t = theta_0 / (1 + theta_1 t); "auto" is c / lambda_1,
         lambda_1 the top eigenvalue of the kernel operator on a 1000-row
         sample (c = 1 for KPCA / KSVD, 0.5 for KCCA), stored as ``step_size_``.
-    step_decay : float, default=1e-3
-        theta_1.
+    step_decay : float or "auto", default="auto"
+        theta_1; "auto" is 1e-3 (Xie et al.'s setting) for block steps and
+        1e-2 for KernelCCA's preconditioned whole-pool steps, which cover
+        the pool every step instead of once per pool cycle; stored as
+        ``step_decay_``.
     center : bool, default=True
         Centre the features by a streaming mean (scikit-learn's convention);
         False solves the uncentred problem of the paper.
@@ -77,6 +80,14 @@ _DOC_COMMON = """
 #: With KernelCCA's preconditioner the same bound holds for the flattened
 #: spectrum, so theta_0 = 0.5 / lambda_{q+1} (max over the two views).
 _STEP_SCALE = {"kpca": 1.0, "ksvd": 1.0, "kcca": 0.5}
+
+#: theta_1 by kind of step.  Block steps: Xie et al.'s 1e-3.  Whole-pool
+#: (preconditioned) steps reach the solution's neighbourhood in one or two
+#: epochs and then only average out mini-batch noise, whose size is eta's:
+#: Fashion-MNIST halves (k = 50, 16384 features, batch 1024, 59 steps an
+#: epoch) reached a held-out correlation sum of 45.08 after 10 epochs with
+#: 1e-3 and 45.15 after 2 (45.30 after 10) with 1e-2.
+_STEP_DECAY = {"block": 1e-3, "whole_pool": 1e-2}
 
 
 def _auto_step(method: str, samples: list, features: list, center: bool) -> float:
@@ -112,13 +123,20 @@ class _ComponentsBase(BaseEstimator):
         check_positive("block_size", self.block_size, integer=True)
         if self.step_size != "auto":
             check_positive("step_size", self.step_size)
-        check_positive("step_decay", self.step_decay, allow_zero=True)
+        if self.step_decay != "auto":
+            check_positive("step_decay", self.step_decay, allow_zero=True)
         check_positive("lanes", self.lanes, integer=True)
         if self.n_components > self.n_features:
             raise ValueError(
                 f"n_components={self.n_components} exceeds n_features={self.n_features}; "
                 "use more random features than components"
             )
+
+    def _step_decay(self, whole_pool: bool) -> float:
+        """theta_1: the given one, or _STEP_DECAY of the kind of step."""
+        if self.step_decay != "auto":
+            return float(self.step_decay)
+        return _STEP_DECAY["whole_pool" if whole_pool else "block"]
 
     def _pool(self) -> tuple[int, int]:
         B = min(int(self.block_size), int(self.n_features))
@@ -135,7 +153,8 @@ class _ComponentsBase(BaseEstimator):
         )
         coefs = tuple(state[f"coef{s}"] for s in range(len(program.features)))
         total = engine.map_reduce(
-            data, moments_partial, moments_payload(program.features, coefs), label="moments"
+            data, moments_partial, moments_payload(program.features, coefs), label="moments",
+            wants_chunk=True,
         )
         return state, total
 
@@ -188,7 +207,7 @@ class KernelPCA(_ComponentsBase):
         batch_size: int = 512,
         n_epochs: int = 5,
         step_size: float | str = "auto",
-        step_decay: float = 1e-3,
+        step_decay: float | str = "auto",
         center: bool = True,
         ordering: str = "rotate",
         lanes: int = 4,
@@ -235,13 +254,14 @@ class KernelPCA(_ComponentsBase):
                 if self.step_size == "auto"
                 else float(self.step_size)
             )
+            self.step_decay_ = self._step_decay(whole_pool=False)
             program = ComponentProgram(
                 "kpca",
                 (features,),
                 n_blocks,
                 int(self.n_components),
                 self.step_size_,
-                float(self.step_decay),
+                self.step_decay_,
                 center=bool(self.center),
                 gha=self.ordering == "gha",
                 seed=int(self.random_state),
@@ -349,14 +369,16 @@ class _TwoViewBase(_ComponentsBase):
                 self.step_size_ = _STEP_SCALE[self._method] / max(p.new_top for p in pre)
             else:
                 self.step_size_ = _auto_step(self._method, [sx, sy], [fx, fy], bool(self.center))
+            self.step_decay_ = self._step_decay(whole_pool=pre is not None)
             program = ComponentProgram(
                 self._method,
                 (fx, fy),
                 n_blocks,
                 int(self.n_components),
                 self.step_size_,
-                float(self.step_decay),
+                self.step_decay_,
                 alpha=float(getattr(self, "alpha", 0.0)),
+                batch_size=int(self.batch_size),
                 center=bool(self.center),
                 seed=int(self.random_state),
                 label=self._method,
@@ -488,7 +510,7 @@ class KernelSVD(_TwoViewBase):
         batch_size: int = 512,
         n_epochs: int = 5,
         step_size: float | str = "auto",
-        step_decay: float = 1e-3,
+        step_decay: float | str = "auto",
         center: bool = True,
         lanes: int = 4,
         random_state: int = 0,
@@ -603,7 +625,7 @@ class KernelCCA(_TwoViewBase):
         batch_size: int = 512,
         n_epochs: int = 5,
         step_size: float | str = "auto",
-        step_decay: float = 1e-3,
+        step_decay: float | str = "auto",
         center: bool = True,
         lanes: int = 4,
         random_state: int = 0,

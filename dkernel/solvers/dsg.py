@@ -60,7 +60,7 @@ def block_rows(features: FeatureMap, chunk: Chunk, block_id: int) -> Any:
     nbytes = chunk.X.shape[0] * features.block_size * np.dtype(features.dtype).itemsize
     full = cache.lookup_or_fill((chunk.key, features, block_id),
                                 lambda: features.block(chunk.X, block_id), nbytes,
-                                 owner=chunk.run)
+                                owner=chunk.run)
     if full is None:
         return features.block(chunk.X_rows, block_id)
     return full if chunk.rows is None else full[chunk.rows]
