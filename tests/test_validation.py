@@ -107,6 +107,10 @@ def test_cli_bad_input_prints_one_line_and_writes_no_model(client, tmp_path, cap
     (["fit", "{store}", "--bandwidth", "-2", "--out", "{out}"], "bandwidth must be > 0"),
     (["fit", "{store}", "--features", "0", "--out", "{out}"], "n_features must be > 0"),
     (["fit", "{store}", "--solver", "magic", "--out", "{out}"], "--solver 'magic' is not available"),
+    (["fit", "{store}", "--solver", "kpca", "--preconditioner", "eigenpro", "--out", "{out}"],
+     "--preconditioner does not apply to --solver kpca"),
+    (["fit", "{store}", "--solver", "oja", "--epochs", "2", "--alpha", "1", "--out", "{out}"],
+     "--epochs, --alpha do not apply to --solver oja"),
     (["evaluate", "/no/model.npz", "{store}"], "no model or checkpoint file"),
 ])
 def test_cli_errors_are_single_lines_naming_the_problem(client, tmp_path, capsys, argv, match):

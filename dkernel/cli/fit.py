@@ -76,6 +76,42 @@ def _build_components(args: argparse.Namespace) -> Any:
     return cls(**kw)
 
 
+class _Reads:
+    """``args`` as a builder sees it, noting which options it read."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args, self.read = args, set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._args, name)
+
+
+#: Solver options (default None): a builder that does not read one it was given
+#: would silently drop it, so ``run`` names it instead.
+_SOLVER_OPTIONS = {
+    "features": "--features", "centers": "--centers", "components": "--components",
+    "epochs": "--epochs", "batch_size": "--batch-size", "alpha": "--alpha", "loss": "--loss",
+    "block_size": "--block-size", "step_size": "--step-size", "step_decay": "--step-decay",
+    "lanes": "--lanes", "preconditioner": "--preconditioner", "sphere_s": "--smoothness",
+    "theta": "--theta", "eta0": "--eta0", "step_exponent": "--step-exponent",
+    "max_degree": "--max-degree", "input_map": "--input-map", "scale": "--scale", "form": "--form",
+}
+
+
+def build(args: argparse.Namespace) -> Any:
+    """The unfitted estimator of ``--solver``; an option the solver does not take
+    is an error, not silently ignored."""
+    seen = _Reads(args)
+    est = SOLVERS[args.solver](seen)
+    unused = [flag for dest, flag in _SOLVER_OPTIONS.items()
+              if getattr(args, dest, None) is not None and dest not in seen.read]
+    if unused:
+        raise ValueError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+                         f"to --solver {args.solver}; drop {'it' if len(unused) == 1 else 'them'}")
+    return est
+
+
 #: solver name -> builder(args) returning an unfitted estimator.
 SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
 SOLVERS["sphere"] = _build_sphere
@@ -133,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}")
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as model.npz")
-    est = SOLVERS[args.solver](args)
+    est = build(args)
     checkpoint = args.checkpoint or (args.out + ".ckpt.npz")
     if args.checkpoint_every or args.resume:
         est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume)
