@@ -112,9 +112,9 @@ def main() -> None:
     p.add_argument("--subset", type=int, default=0, help="use only the first N training images")
     p.add_argument("--augment", type=int, default=0,
                    help="append N shifted copies of the training images (MNIST8M-style)")
-    p.add_argument("--rff-features", type=int, nargs="+", default=[2048, 4096],
+    p.add_argument("--rff-features", type=int, nargs="+", default=[2048, 4096, 8192],
                    help="RFF CCA sizes; the last is the peer for the ratios")
-    p.add_argument("--dsg-features", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--dsg-features", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--block-size", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=10)
@@ -128,10 +128,13 @@ def main() -> None:
     p.add_argument("--solver", nargs="+", default=["eigenpro"], choices=("dsg", "eigenpro"),
                    help="dsg: Xie Alg. 4 block steps; eigenpro: preconditioned whole-pool steps")
     p.add_argument("--eigenpro-batch-size", type=int, default=1024)
-    p.add_argument("--eigenpro-epochs", type=int, nargs="+", default=[6],
+    p.add_argument("--eigenpro-epochs", type=int, nargs="+", default=[2],
                    help="epochs of the eigenpro solver (each value is a run)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--lanes", type=int, default=4, help="chunks that share one DSG step")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random_state of every method's features (and KernelCCA's plan)")
+    p.add_argument("--lanes", type=int, default=2,
+                   help="chunks that share one DSG step (one per worker)")
     args = p.parse_args()
 
     from distributed import Client, LocalCluster
@@ -175,8 +178,8 @@ def main() -> None:
     for D in args.rff_features:
         B = min(args.block_size, D)
         t0 = time.perf_counter()
-        fx = FeatureMap("gaussian", bw_x, 392, B, 0, stream=0)
-        fy = FeatureMap("gaussian", bw_y, 392, B, 0, stream=1)
+        fx = FeatureMap("gaussian", bw_x, 392, B, args.seed, stream=0)
+        fy = FeatureMap("gaussian", bw_y, 392, B, args.seed, stream=1)
         nb = D // B
         mx, my, Wx, Wy = rff_cca(fx, fy, nb, Ltr, Rtr, args.alpha, k)
         corr = test_corr((fx.transform(Lte, nb) - mx) @ Wx, (fy.transform(Rte, nb) - my) @ Wy)
@@ -219,6 +222,7 @@ def main() -> None:
                 init=init,
                 preconditioner="eigenpro" if eigenpro else None,
                 lanes=args.lanes,
+                random_state=args.seed,
                 step_size=args.step_size,
                 step_decay=args.step_decay,
                 client=client,
