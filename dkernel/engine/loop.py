@@ -161,6 +161,7 @@ class Engine:
     def __init__(self, client: Client, options: EngineOptions | None = None) -> None:
         self.client = client
         self.options = options or EngineOptions()
+        self._last_run: str | None = None
 
     def plan(self, data: Dataset, batch_size: int, random_state: int) -> ChunkPlan:
         lanes = max(1, min(int(self.options.lanes), data.n_chunks))
@@ -186,7 +187,7 @@ class Engine:
         source = _ChunkSource(self.client, data, opts.dtype)
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
-        run = uuid.uuid4().hex  # owner of the blocks this run caches on the workers
+        run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
@@ -251,7 +252,10 @@ class Engine:
         finds the blocks a fit cached from the same chunk."""
         source = _ChunkSource(self.client, data, self.options.dtype)
         payload = _ship(self.client, payload)
-        run = uuid.uuid4().hex
+        # a pass after a fit (its final moments) reads the fit's cached blocks as
+        # their owner: it visits each once, and evicting unread ones to fill
+        # blocks it will not read again would only turn later hits into misses
+        run = self._last_run or uuid.uuid4().hex
         n = data.n_chunks
         window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
         progress = Progress(n, label, self.options.progress)
