@@ -104,6 +104,7 @@ def test_kpca_transform_is_lazy_and_survives_save_load(client, tmp_path):
     # the workers' single-threaded BLAS sums in another order than here: float32 rounding
     np.testing.assert_allclose(again.transform(X), Z.compute(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(model.explained_variance_, again.explained_variance_)
+    assert again.step_decay_ == model.step_decay_ == 1e-3  # "auto" for block steps
 
 
 def test_work_runs_on_both_workers(client):
