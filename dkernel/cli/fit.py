@@ -87,24 +87,13 @@ class _Reads:
         return getattr(self._args, name)
 
 
-#: Solver options (default None): a builder that does not read one it was given
-#: would silently drop it, so ``run`` names it instead.
-_SOLVER_OPTIONS = {
-    "features": "--features", "centers": "--centers", "components": "--components",
-    "epochs": "--epochs", "batch_size": "--batch-size", "alpha": "--alpha", "loss": "--loss",
-    "block_size": "--block-size", "step_size": "--step-size", "step_decay": "--step-decay",
-    "lanes": "--lanes", "preconditioner": "--preconditioner", "sphere_s": "--smoothness",
-    "theta": "--theta", "eta0": "--eta0", "step_exponent": "--step-exponent",
-    "max_degree": "--max-degree", "input_map": "--input-map", "scale": "--scale", "form": "--form",
-}
-
-
 def build(args: argparse.Namespace) -> Any:
-    """The unfitted estimator of ``--solver``; an option the solver does not take
-    is an error, not silently ignored."""
+    """The unfitted estimator of ``--solver``; a solver option (the parser's
+    "solver options" group) the solver's builder does not read is an error,
+    not silently ignored."""
     seen = _Reads(args)
     est = SOLVERS[args.solver](seen)
-    unused = [flag for dest, flag in _SOLVER_OPTIONS.items()
+    unused = [flag for dest, flag in args.solver_options.items()
               if getattr(args, dest, None) is not None and dest not in seen.read]
     if unused:
         raise ValueError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
@@ -127,29 +116,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", choices=("classification", "regression"), default="classification")
     p.add_argument("--kernel", default="gaussian", help="gaussian, laplacian or cauchy")
     p.add_argument("--bandwidth", type=bandwidth_arg, default="auto", help="number or 'auto'")
-    p.add_argument("--features", type=int, help="n_features: random features D")
-    p.add_argument("--centers", type=int, help="n_centers: kernel centers p (EigenPro kernel form)")
-    p.add_argument("--components", type=int, help="n_components k (kpca, kcca, oja)")
-    p.add_argument("--epochs", type=int, help="n_epochs")
-    p.add_argument("--batch-size", dest="batch_size", type=int)
-    p.add_argument("--alpha", type=float, help="regularisation strength")
-    p.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
-    p.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
-    p.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
+    # options some solvers take (default None); ``build`` rejects one the chosen
+    # solver does not read, so the group is the single list of them
+    g = p.add_argument_group("solver options")
+    g.add_argument("--features", type=int, help="n_features: random features D")
+    g.add_argument("--centers", type=int, help="n_centers: kernel centers p (EigenPro kernel form)")
+    g.add_argument("--components", type=int, help="n_components k (kpca, kcca, oja)")
+    g.add_argument("--epochs", type=int, help="n_epochs")
+    g.add_argument("--batch-size", dest="batch_size", type=int)
+    g.add_argument("--alpha", type=float, help="regularisation strength")
+    g.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
+    g.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
+    g.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
                    help="initial step, a number or 'auto' (dsg)")
-    p.add_argument("--step-decay", dest="step_decay", type=float)
-    p.add_argument("--lanes", type=int, help="chunks that share one step")
-    p.add_argument("--preconditioner", choices=("none", "eigenpro"),
+    g.add_argument("--step-decay", dest="step_decay", type=float)
+    g.add_argument("--lanes", type=int, help="chunks that share one step")
+    g.add_argument("--preconditioner", choices=("none", "eigenpro"),
                    help="kcca: 'eigenpro' (preconditioned whole-pool steps) or 'none' (Xie Alg. 4)")
-    p.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
-    p.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
-    p.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")
-    p.add_argument("--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)")
-    p.add_argument("--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)")
-    p.add_argument("--input-map", dest="input_map", choices=("normalize", "stereographic"),
+    g.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
+    g.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
+    g.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")
+    g.add_argument("--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)")
+    g.add_argument("--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)")
+    g.add_argument("--input-map", dest="input_map", choices=("normalize", "stereographic"),
                    help="how rows reach the sphere (sphere)")
-    p.add_argument("--scale", type=float, help="scale of the stereographic map (sphere)")
-    p.add_argument("--form", choices=("auto", "features", "kernel"), help="representation (sphere)")
+    g.add_argument("--scale", type=float, help="scale of the stereographic map (sphere)")
+    g.add_argument("--form", choices=("auto", "features", "kernel"), help="representation (sphere)")
     p.add_argument("--seed", type=int, default=0, help="random_state")
     p.add_argument("--out", required=True, help="model file to write (.npz)")
     p.add_argument("--checkpoint", help="checkpoint file (default: OUT.ckpt.npz)")
@@ -158,7 +150,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_cluster_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, solver_options={a.dest: a.option_strings[0]
+                                             for a in g._group_actions})
 
 
 def run(args: argparse.Namespace) -> int:

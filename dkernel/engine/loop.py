@@ -266,8 +266,9 @@ class Engine:
             chunks = source.get(ids)
             batch = [self.client.submit(_run_partial, fn, payload, chunks[c], None,
                                         (data.X.name, c) if wants_chunk else None, run=run,
-                                        workers=source.home(c), allow_other_workers=True,
-                                        pure=False)
+                                        # where the fit cached this chunk's blocks
+                                        workers=source.home(c) if wants_chunk else None,
+                                        allow_other_workers=wants_chunk, pure=False)
                      for c in ids]
             del chunks
             # keep at most two windows of chunks alive: wait for the previous one

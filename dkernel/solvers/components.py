@@ -72,7 +72,7 @@ from scipy.linalg import cholesky, eigh, solve_triangular, svd
 from dkernel.backend import asarray_like, namespace, to_numpy
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
-from dkernel.solvers.dsg import block_rows
+from dkernel.solvers.dsg import block_rows, chunk_decision
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
 
 METHODS = ("kpca", "ksvd", "kcca")
@@ -330,15 +330,9 @@ def moments_partial(payload: dict, chunk: Chunk) -> dict:
     feature blocks the fit left in the worker cache are reused."""
     values = []
     for s, view in enumerate(payload["views"]):
-        features: FeatureMap = view["features"]
         vchunk = _view_chunk(chunk, s)
         coef = asarray_like(view["coef"], vchunk.X)
-        B = features.block_size
-        H = namespace(vchunk.X).zeros((vchunk.X.shape[0], coef.shape[1]),
-                                      dtype=np.dtype(features.dtype))
-        for j in range(coef.shape[0] // B):
-            H += block_rows(features, vchunk, j) @ coef[j * B : (j + 1) * B]
-        values.append(H)
+        values.append(chunk_decision(view["features"], vchunk, coef))
     H = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
     return {
         "H": H.sum(axis=0).astype(np.float64),

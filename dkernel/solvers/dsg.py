@@ -66,6 +66,17 @@ def block_rows(features: FeatureMap, chunk: Chunk, block_id: int) -> Any:
     return full if chunk.rows is None else full[chunk.rows]
 
 
+def chunk_decision(features: FeatureMap, chunk: Chunk, coef: Any) -> Any:
+    """f = Phi(X_c[rows]) coef over ``coef.shape[0] // B`` blocks, from the worker
+    cache where the blocks are held (:func:`block_rows`)."""
+    B = features.block_size
+    n = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
+    f = namespace(chunk.X).zeros((n, coef.shape[1]), dtype=np.dtype(features.dtype))
+    for j in range(coef.shape[0] // B):
+        f += block_rows(features, chunk, j) @ coef[j * B : (j + 1) * B]
+    return f
+
+
 def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     """Worker side of one step: f on the rows, loss derivative, block gradient."""
     features: FeatureMap = payload["features"]
@@ -74,11 +85,9 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     X = chunk.X_rows
     xp = namespace(X)
     coef = asarray_like(payload["coef"], X)
-    block, B = payload["block"], features.block_size
+    block = payload["block"]
     Y = encoding.encode(chunk.y_rows, dt)
-    f = xp.zeros((X.shape[0], coef.shape[1]), dtype=dt)
-    for j in range(coef.shape[0] // B):  # f(x_b) over every active block
-        f += block_rows(features, chunk, j) @ coef[j * B : (j + 1) * B]
+    f = chunk_decision(features, chunk, coef)  # f(x_b) over every active block
     value, dl = get_loss(payload["loss"])(f, Y)
     phi = block_rows(features, chunk, block)
     return {"grad": (phi.T @ dl).astype(np.float64), "loss": float(xp.sum(value)),
