@@ -19,6 +19,7 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
+import time
 import uuid
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
@@ -162,6 +163,10 @@ class Engine:
         self.client = client
         self.options = options or EngineOptions()
         self._last_run: str | None = None
+        #: One dict per epoch of the last ``run_steps``: ``epoch`` (1-based),
+        #: ``loss`` (mean mini-batch loss over the epoch's rows, where the
+        #: program reports one), ``steps``, ``rows`` and ``seconds``.
+        self.history: list[dict[str, Any]] = []
 
     def plan(self, data: Dataset, batch_size: int, random_state: int) -> ChunkPlan:
         lanes = max(1, min(int(self.options.lanes), data.n_chunks))
@@ -188,11 +193,13 @@ class Engine:
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
         run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
+        self.history = []
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
                 step += per_epoch[epoch]
                 continue
+            seen = {"loss": 0.0, "rows": 0, "steps": 0, "t0": time.perf_counter()}
             groups = [g for g in plan.groups(epoch)]
             todo, skipped = [], step
             for g in groups:  # groups fully before the resume point are not loaded
@@ -233,10 +240,17 @@ class Engine:
                             extra = () if constants is None else (_ship(self.client, constants),)
                     state = program.update(state, total, step)
                     step += 1
+                    seen["steps"] += 1
+                    seen["rows"] += int(total.get("count", 0))
+                    seen["loss"] += float(np.sum(total.get("loss", 0.0)))
                     if ckpt.due(step):
                         ckpt.save(state, step)
                     progress.update(1, epoch=epoch + 1, **program.metrics(total))
                 del current
+            self.history.append({
+                "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
+                "loss": seen["loss"] / seen["rows"] if seen["rows"] else None,
+                "seconds": time.perf_counter() - seen["t0"]})
             if on_epoch is not None:
                 on_epoch(state, epoch)
             if program.should_stop(state, epoch):
