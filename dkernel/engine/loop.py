@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import dask
 import numpy as np
-from distributed import Client, Future
+from distributed import Client, Future, wait
 
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan
@@ -42,10 +42,11 @@ from dkernel.engine.progress import Progress
 class EngineOptions:
     """Every tuning knob of the coordinator loop, with its default.
 
-    lanes : int
+    lanes : int or "auto"
         Chunks that share one mini-batch (the parallel width of a step).  The
         model depends on it, not on the worker count; more lanes let more
-        workers share a step.
+        workers share a step.  "auto" is one lane per worker of the cluster
+        at the start of the run (:meth:`Engine.resolve_lanes`).
     checkpoint : str, optional
         Checkpoint file (``.npz``); None disables checkpointing.
     checkpoint_every : int
@@ -58,7 +59,7 @@ class EngineOptions:
         Dtype X chunks are converted to on the workers.
     """
 
-    lanes: int = 4
+    lanes: int | str = "auto"
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
@@ -106,6 +107,38 @@ def tree_sum(client: Client, parts: list[Future]) -> dict:
             nxt.append(parts[-1])
         parts = nxt
     return parts[0].result()
+
+
+class _CounterTree:
+    """Running sum of futures pushed in a fixed order, added on the workers.
+
+    Like a binary counter: the i-th push carries into ``log2`` levels, so at
+    most ``log2(pushes) + 1`` partial sums are alive, and the pairing (hence
+    the floating-point result) depends only on the number of pushes.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.levels: list[tuple[int, Future]] = []
+
+    def __len__(self) -> int:
+        return len(self.levels)
+
+    def push(self, f: Future) -> None:
+        level = 0
+        while self.levels and self.levels[-1][0] == level:
+            _, g = self.levels.pop()
+            f = self.client.submit(_add, g, f, pure=False)
+            level += 1
+        self.levels.append((level, f))
+
+    def result(self) -> dict:
+        if not self.levels:
+            raise ValueError("nothing to sum: the dataset has no chunks")
+        f = self.levels[-1][1]
+        for _, g in reversed(self.levels[:-1]):
+            f = self.client.submit(_add, g, f, pure=False)
+        return f.result()
 
 
 class _ChunkSource:
@@ -169,7 +202,7 @@ class Engine:
         self.history: list[dict[str, Any]] = []
 
     def plan(self, data: Dataset, batch_size: int, random_state: int) -> ChunkPlan:
-        lanes = max(1, min(int(self.options.lanes), data.n_chunks))
+        lanes = self.resolve_lanes(data)
         return ChunkPlan(data.row_chunks, int(batch_size), lanes, int(random_state))
 
     def run_steps(self, data: Dataset, program: StepProgram, *, n_epochs: int,
@@ -263,7 +296,17 @@ class Engine:
                    wants_chunk: bool = False) -> dict[str, Any]:
         """Sum ``fn(payload, X_chunk, y_chunk)`` over every chunk (one read each);
         with ``wants_chunk`` ``fn(payload, chunk)`` gets a :class:`Chunk` whose key
-        finds the blocks a fit cached from the same chunk."""
+        finds the blocks a fit cached from the same chunk.
+
+        Memory does not depend on the number of chunks: at most ``window``
+        chunks (default two per worker) are read at once, and partial results
+        are added on the workers as they arrive, pairwise in a binary-counter
+        tree over the chunk index, so at most ``window + log2(n_chunks) + 1``
+        partial results are alive (``self.peak_live`` records the most seen)
+        and only the final sum reaches the client.  The pairing depends on the
+        number of chunks alone, so the sum is the same floating-point number
+        on any cluster.
+        """
         source = _ChunkSource(self.client, data, self.options.dtype)
         payload = _ship(self.client, payload)
         # a pass after a fit (its final moments) reads the fit's cached blocks as
@@ -271,10 +314,11 @@ class Engine:
         # blocks it will not read again would only turn later hits into misses
         run = self._last_run or uuid.uuid4().hex
         n = data.n_chunks
-        window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+        window = window or max(2, 2 * self.n_workers())
         progress = Progress(n, label, self.options.progress)
-        results: list[Future] = []
+        tree = _CounterTree(self.client)
         inflight: list[Future] = []
+        self.peak_live = 0
         for start in range(0, n, window):
             ids = tuple(range(start, min(n, start + window)))
             chunks = source.get(ids)
@@ -285,17 +329,32 @@ class Engine:
                                         allow_other_workers=wants_chunk, pure=False)
                      for c in ids]
             del chunks
-            # keep at most two windows of chunks alive: wait for the previous one
+            # the previous window must finish before more chunks are read; its
+            # partials join the tree (summed on the workers, never gathered here)
+            wait(inflight)
             for f in inflight:
-                f.result()
+                tree.push(f)
                 progress.update(1)
             inflight = batch
-            results += batch
+            self.peak_live = max(self.peak_live, len(inflight) + len(tree))
+        wait(inflight)
         for f in inflight:
-            f.result()
+            tree.push(f)
             progress.update(1)
         progress.close()
-        return tree_sum(self.client, results)
+        return tree.result()
+
+    def n_workers(self) -> int:
+        """Workers the scheduler knows now (at least 1)."""
+        return max(1, len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+
+    def resolve_lanes(self, data: Dataset) -> int:
+        """``lanes="auto"``: one lane per worker, so a step's work grows with the
+        cluster; at most the number of chunks.  The resolved number is what
+        the model depends on (record it to reproduce the fit elsewhere)."""
+        lanes = self.options.lanes
+        lanes = self.n_workers() if lanes == "auto" else int(lanes)
+        return max(1, min(lanes, data.n_chunks))
 
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
              payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
@@ -330,7 +389,7 @@ class Engine:
         order = full_order[start:]
         source = _ChunkSource(self.client, data, opts.dtype)
         payload = _ship(self.client, payload)
-        window = window or max(2, 2 * len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+        window = window or max(2, 2 * self.n_workers())
         progress = Progress(start + len(order), label, opts.progress, start=start)
         current: Any = state
         pending: list[Future] = []

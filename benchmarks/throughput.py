@@ -1,0 +1,137 @@
+"""Engine throughput: rows/s of one epoch against the per-row compute ceiling.
+
+The ceiling is measured in the same run, on the same worker processes: every
+worker, at once, generates the D random features of resident rows
+(cos(X W + b), float32, in the solvers' column tiles) and does one forward
+(Z theta) and one backward (Z^T r) product -- the least arithmetic any step
+on those features needs.  Each solver then fits one epoch at its default
+settings (only ``n_features`` given) on a synthetic regression store read
+from disk, and its rows/s (rows / whole fit time, preconditioner and bandwidth
+included) is printed as a percentage of that ceiling, with the held-out R^2
+so that speed is never bought with a broken model.
+
+    python benchmarks/throughput.py                        # 2M x 32 store, 2 workers, then 1
+    python benchmarks/throughput.py --rows 200000 --workers 2
+    python benchmarks/throughput.py --solvers dsg --no-single
+
+Targets (issue 12): DSG >= 50 % and EigenPro-RF >= 25 % of the ceiling on
+2M x 32 with 2 workers; 2 workers / 1 worker rows/s >= 1.7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+
+
+def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> float:
+    """Rows/s of the per-row arithmetic on this worker (best of ``repeats``)."""
+    import numpy as np
+
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.dsg import _TILE_COLUMNS
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n_rows, n_inputs)).astype(np.float32)
+    B = min(_TILE_COLUMNS, n_features)
+    fm = FeatureMap("gaussian", 8.0, n_inputs, B)
+    theta = rng.standard_normal((n_features // B, B, 1)).astype(np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f = np.zeros((n_rows, 1), np.float32)
+        for j in range(n_features // B):  # forward: f = Z theta, tile by tile
+            f += fm.block(X, j) @ theta[j]
+        for j in range(n_features // B):  # backward: Z^T r (features regenerated, as a stream does)
+            _ = fm.block(X, j).T @ f
+        best = min(best, time.perf_counter() - t0)
+    return n_rows / best
+
+
+def measure_ceiling(client, n_inputs: int, n_features: int, rows: int = 32768,
+                    repeats: int = 3) -> float:
+    """Sum over workers of their rows/s, all workers computing at once."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    futs = [client.submit(ceiling_task, rows, n_inputs, n_features, repeats, workers=[w],
+                          pure=False) for w in workers]
+    return float(sum(client.gather(futs)))
+
+
+def fit_one(kind: str, store: str, test: tuple, n_features: int, client) -> dict:
+    from dkernel import DSGRegressor, EigenProRegressor
+    from dkernel.data import open_dataset
+
+    cls = DSGRegressor if kind == "dsg" else EigenProRegressor
+    model = cls(n_features=n_features, n_epochs=1, client=client, verbose=True)
+    n = open_dataset(store).n_rows
+    t0 = time.perf_counter()
+    model.fit(store)
+    seconds = time.perf_counter() - t0
+    r2 = model.score(*test)
+    out = {"seconds": seconds, "rows_per_s": n / seconds, "test_r2": r2}
+    for attr in ("lanes_", "batch_size_", "q_", "step_backoffs_", "preconditioner_seconds_"):
+        if hasattr(model, attr):
+            v = getattr(model, attr)
+            out[attr] = v if isinstance(v, (int, float, str)) else len(v)
+    return out
+
+
+def run(n_workers: int, args, store: str, test: tuple) -> dict:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        ceiling = measure_ceiling(client, args.inputs, args.features)
+        res = {"workers": n_workers, "ceiling_rows_per_s": ceiling}
+        print(f"[{n_workers} workers] ceiling {ceiling:,.0f} rows/s", flush=True)
+        for kind in args.solvers:
+            r = fit_one(kind, store, test, args.features, client)
+            r["percent_of_ceiling"] = 100 * r["rows_per_s"] / ceiling
+            res[kind] = r
+            print(f"[{n_workers} workers] {kind}: {r['rows_per_s']:,.0f} rows/s = "
+                  f"{r['percent_of_ceiling']:.1f}% of ceiling ({r['seconds']:.1f} s), "
+                  f"test R^2 {r['test_r2']:.3f}", flush=True)
+        # the ceiling again, after the fits: the machine's speed drifts
+        res["ceiling_after"] = measure_ceiling(client, args.inputs, args.features)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="/tmp/dkernel-throughput", help="folder for the stores")
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--inputs", type=int, default=32)
+    p.add_argument("--features", type=int, default=2048)
+    p.add_argument("--chunk-rows", type=int, default=65536)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"], choices=["dsg", "eigenpro"])
+    p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
+    args = p.parse_args()
+
+    import numpy as np
+
+    from dkernel.datasets.synthetic import make_dai_ridge, make_store
+
+    store = os.path.join(args.data, f"train-{args.rows}x{args.inputs}.zarr")
+    if not os.path.exists(store):
+        t0 = time.perf_counter()
+        make_store(store, args.rows, args.inputs, chunk_rows=args.chunk_rows, kind="regression")
+        print(f"wrote {store} in {time.perf_counter() - t0:.1f} s", flush=True)
+    Xte, yte = make_dai_ridge(20000, args.inputs, random_state=987654)
+    test = (Xte, np.asarray(yte))
+    results = {"settings": vars(args), "runs": [run(args.workers, args, store, test)]}
+    if not args.no_single and args.workers > 1:
+        results["runs"].append(run(1, args, store, test))
+        multi, single = results["runs"]
+        results["scaling"] = {k: multi[k]["rows_per_s"] / single[k]["rows_per_s"]
+                              for k in args.solvers}
+        for k, v in results["scaling"].items():
+            print(f"{k}: {args.workers} workers / 1 worker rows/s = {v:.2f}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
