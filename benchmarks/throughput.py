@@ -60,7 +60,52 @@ def measure_ceiling(client, n_inputs: int, n_features: int, rows: int = 32768,
     return float(sum(client.gather(futs)))
 
 
+def null_partial(payload, X, y):
+    return {"count": X.shape[0]}
+
+
+def executed(client) -> int:
+    """Tasks the workers have executed so far (all workers)."""
+    return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+
+def step_overhead(client, n_steps: int = 200) -> dict:
+    """Fixed cost of one engine step: steps whose partial does nothing (64 rows
+    a lane), so the time is the round trip, scheduling and the reduction."""
+    import numpy as np
+
+    from dkernel.data import open_dataset
+    from dkernel.engine import Engine
+    from dkernel.engine.program import StepProgram
+
+    class Null(StepProgram):
+        partial = staticmethod(null_partial)
+        label = "null"
+
+        def init_state(self):
+            return {"x": np.zeros(1)}
+
+        def payload(self, state, step):
+            return {}
+
+        def update(self, state, total, step):
+            return state
+
+    engine = Engine(client)
+    lanes = engine.n_workers()
+    rows = n_steps * 64 * lanes
+    data = open_dataset(np.zeros((rows, 4), np.float32), chunk_rows=rows // (2 * lanes))
+    before = executed(client)
+    t0 = time.perf_counter()
+    engine.run_steps(data, Null(), n_epochs=1, batch_size=64 * lanes, random_state=0)
+    seconds = time.perf_counter() - t0
+    steps = engine.history[0]["steps"]
+    return {"seconds_per_step": seconds / steps, "tasks_per_step": (executed(client) - before) / steps,
+            "lanes": lanes}
+
+
 def fit_one(kind: str, store: str, test: tuple, n_features: int, client) -> dict:
+    """One epoch at default settings; rows/s over the whole fit."""
     from dkernel import DSGRegressor, EigenProRegressor
     from dkernel.data import open_dataset
 
@@ -68,10 +113,12 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client) -> dict
     model = cls(n_features=n_features, n_epochs=1, client=client, verbose=True)
     n = open_dataset(store).n_rows
     t0 = time.perf_counter()
+    before = executed(client)
     model.fit(store)
     seconds = time.perf_counter() - t0
+    tasks = executed(client) - before
     r2 = model.score(*test)
-    out = {"seconds": seconds, "rows_per_s": n / seconds, "test_r2": r2}
+    out = {"seconds": seconds, "rows_per_s": n / seconds, "test_r2": r2, "tasks": tasks}
     for attr in ("lanes_", "batch_size_", "q_", "step_backoffs_", "preconditioner_seconds_"):
         if hasattr(model, attr):
             v = getattr(model, attr)
@@ -85,8 +132,11 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         ceiling = measure_ceiling(client, args.inputs, args.features)
-        res = {"workers": n_workers, "ceiling_rows_per_s": ceiling}
-        print(f"[{n_workers} workers] ceiling {ceiling:,.0f} rows/s", flush=True)
+        res = {"workers": n_workers, "ceiling_rows_per_s": ceiling,
+               "step_overhead": step_overhead(client)}
+        print(f"[{n_workers} workers] ceiling {ceiling:,.0f} rows/s; a step's fixed cost "
+              f"{1e3 * res['step_overhead']['seconds_per_step']:.1f} ms, "
+              f"{res['step_overhead']['tasks_per_step']:.1f} tasks", flush=True)
         for kind in args.solvers:
             r = fit_one(kind, store, test, args.features, client)
             r["percent_of_ceiling"] = 100 * r["rows_per_s"] / ceiling
@@ -122,7 +172,13 @@ def main() -> None:
         print(f"wrote {store} in {time.perf_counter() - t0:.1f} s", flush=True)
     Xte, yte = make_dai_ridge(20000, args.inputs, random_state=987654)
     test = (Xte, np.asarray(yte))
-    results = {"settings": vars(args), "runs": [run(args.workers, args, store, test)]}
+    import zarr
+
+    g = zarr.open_group(store, mode="r")
+    stored = sum(g[k].nbytes_stored() for k in ("X", "y"))
+    results = {"settings": vars(args), "bytes_read_per_row": stored / args.rows,
+               "runs": [run(args.workers, args, store, test)]}
+    print(f"bytes read per row (X and y as stored): {results['bytes_read_per_row']:.1f}")
     if not args.no_single and args.workers > 1:
         results["runs"].append(run(1, args, store, test))
         multi, single = results["runs"]

@@ -24,6 +24,7 @@ from dkernel.estimators import (
     EigenProRegressor,
     SphereRegressor,
 )
+from dkernel.engine import DivergenceError, FitQualityWarning
 from dkernel.io import load_model, save_model
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "open_dataset",
     "load_model",
     "save_model",
+    "DivergenceError",
+    "FitQualityWarning",
     "KernelCCA",
     "KernelPCA",
     "KernelSVD",

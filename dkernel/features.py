@@ -103,13 +103,15 @@ class FeatureMap:
         """phi_{w_i}(X) = sqrt(2) cos(X W_i + b_i), shape (n, B), unscaled."""
         return self.blocks(X, [block_id])
 
-    def blocks(self, X: Any, block_ids: Sequence[int]) -> Any:
-        """Concatenated unscaled blocks, shape (n, len(block_ids) * B)."""
+    def blocks(self, X: Any, block_ids: Sequence[int], out: Any = None) -> Any:
+        """Concatenated unscaled blocks, shape (n, len(block_ids) * B); written
+        into ``out`` when given (a reused buffer: fresh pages are slow, DESIGN 4)."""
         xp = namespace(X)
         dt = np.dtype(self.dtype)
         X = X.astype(dt, copy=False)
         B = int(self.block_size)
-        out = xp.empty((X.shape[0], len(block_ids) * B), dtype=dt)
+        if out is None:
+            out = xp.empty((X.shape[0], len(block_ids) * B), dtype=dt)
         for j, bid in enumerate(block_ids):
             W, b = self.weights(bid)
             Z = out[:, j * B : (j + 1) * B]

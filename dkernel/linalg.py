@@ -80,6 +80,9 @@ def _row_norm_max(T: Any, mu: np.ndarray | None) -> float:
 
 def _gram_partial(payload: dict, X: Any, y: Any) -> dict:
     T = payload["block"](payload["params"], X)
+    if payload.get("dtype") == "float32":  # products in float32, sums across chunks in float64
+        return {"A": to_numpy(T.T @ T).astype(np.float64), "S": to_numpy(T.sum(axis=0)).astype(np.float64),
+                "norm": [_row_norm_max(T, None)], "count": X.shape[0]}
     T64 = to_numpy(T).astype(np.float64, copy=False)
     return {"A": T64.T @ T64, "S": T64.sum(axis=0), "norm": [_row_norm_max(T64, None)],
             "count": X.shape[0]}
@@ -116,12 +119,16 @@ def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
 # --- coordinator side ----------------------------------------------------------
 def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, *,
                       operator: str = "gram", center: bool = False,
-                      label: str = "eigensystem") -> Eigensystem:
-    """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers."""
+                      label: str = "eigensystem", dtype: str = "float64") -> Eigensystem:
+    """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers.
+
+    ``dtype="float32"`` forms each chunk's T^T T in float32 (about 2x the
+    GEMM speed, half the memory) and sums the chunks in float64."""
     _check_operator(operator, center)
     n = data.n_rows
     if operator == "gram":
-        total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params}, label=label)
+        total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params,
+                                                        "dtype": dtype}, label=label)
         A = total["A"] / n
         norm = max(total["norm"])
         if center:
@@ -186,13 +193,14 @@ def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_i
                 operator: str = "gram", center: bool = False, method: str = "auto",
                 dense_max: int = 4096,
                 random_state: int = 0, n_oversamples: int = 20, n_iter: int = 2,
-                label: str = "eigensystem") -> Eigensystem:
-    """``method="auto"``: dense when N <= ``dense_max`` (exact, one pass), else randomized."""
+                label: str = "eigensystem", dtype: str = "float64") -> Eigensystem:
+    """``method="auto"``: dense when N <= ``dense_max`` (exact, one pass), else randomized.
+    ``dtype`` is the dense Gram's product precision (:func:`dense_eigensystem`)."""
     if method not in ("auto", "dense", "randomized"):
         raise ValueError(f"method={method!r}; choose 'auto', 'dense' or 'randomized'")
     if method == "dense" or (method == "auto" and n_inputs <= dense_max):
         return dense_eigensystem(engine, data, block, params, k, operator=operator, center=center,
-                                 label=label)
+                                 label=label, dtype=dtype)
     return randomized_eigensystem(engine, data, block, params, k, n_inputs, operator=operator,
                                   center=center,
                                   n_oversamples=n_oversamples, n_iter=n_iter,

@@ -13,11 +13,13 @@ from dkernel.datasets import make_store
 
 if __name__ == "__main__":  # workers are spawned processes: keep the guard
     folder = tempfile.mkdtemp()
-    train = make_store(f"{folder}/train.zarr", 20000, 10, chunk_rows=2500)
-    test = make_store(f"{folder}/test.zarr", 5000, 10, chunk_rows=2500, random_state=1)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-        model = DSGClassifier(bandwidth=2.0, n_features=2048, n_epochs=5, step_size=50.0,
-                              step_decay=0.0, client=client, verbose=True).fit(train)
+        # the workers write the stores, one chunk per task
+        train = make_store(f"{folder}/train.zarr", 20000, 10, chunk_rows=2500, client=client)
+        test = make_store(f"{folder}/test.zarr", 5000, 10, chunk_rows=2500, random_state=1,
+                          client=client)
+        model = DSGClassifier(bandwidth=2.0, n_features=2048, n_epochs=5, client=client,
+                              verbose=True).fit(train)
         data = open_dataset(test)
         print("test accuracy:", model.score(data.X, data.y))
         pred = model.predict(data.X)            # lazy dask array

@@ -51,7 +51,7 @@ def test_regression_evaluate_reports_mse(client, tmp_path, capsys):
     store = write_store(tmp_path / "r.zarr", X, y, chunk_rows=500)
     model = str(tmp_path / "r.npz")
     assert main(["fit", store, "--task", "regression", "--bandwidth", "1", "--features", "512",
-                 "--epochs", "3", "--step-size", "4", "--out", model, "--quiet"]) == 0
+                 "--epochs", "3", "--out", model, "--quiet"]) == 0
     assert main(["evaluate", model, store, "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result) == {"mse", "r2"} and result["r2"] > 0.5

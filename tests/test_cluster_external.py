@@ -164,10 +164,12 @@ def test_python_api_fit_and_lazy_predict_on_external_cluster(external, store):
 def test_same_seed_data_and_chunking_give_identical_model_on_any_cluster(external, store, client):
     with Client(external, set_as_default=False) as c:
         on_external = DSGClassifier(**FIT, client=c).fit(store)
+    assert on_external.lanes_ == 2  # lanes="auto": one per worker, recorded
     on_local_2 = DSGClassifier(**FIT, client=client).fit(store)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster, set_as_default=False) as c1:
-        on_local_1 = DSGClassifier(**FIT, client=c1).fit(store)
+        # the recorded width reproduces the fit on a cluster of another size
+        on_local_1 = DSGClassifier(**{**FIT, "lanes": on_external.lanes_}, client=c1).fit(store)
     for other in (on_local_2, on_local_1):
         assert other.bandwidth_ == on_external.bandwidth_
         # Bit-identical, not merely close: the plan, the feature seeds and the

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # One module per command family; each exposes register(subparsers).
-_COMMANDS = ("ingest", "fit", "predict", "info", "demo")
+_COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,15 +37,15 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     train, test = os.path.join(args.out, "train.zarr"), os.path.join(args.out, "test.zarr")
     model_path = os.path.join(args.out, "model.npz")
-    t0 = time.perf_counter()
-    make_store(train, args.rows, 10, chunk_rows=max(1, args.rows // 8), random_state=args.seed,
-               overwrite=True)
-    make_store(test, max(1000, args.rows // 4), 10, chunk_rows=max(1, args.rows // 8),
-               random_state=args.seed + 1, overwrite=True)
-    print(f"[1/4] wrote {train} and {test} ({time.perf_counter() - t0:.1f}s)")
     with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
-        print(f"[2/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
+        print(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
               f"{client.scheduler.address}")
+        t0 = time.perf_counter()
+        make_store(train, args.rows, 10, chunk_rows=max(1, args.rows // 8), random_state=args.seed,
+                   overwrite=True, client=client)
+        make_store(test, max(1000, args.rows // 4), 10, chunk_rows=max(1, args.rows // 8),
+                   random_state=args.seed + 1, overwrite=True, client=client)
+        print(f"[2/4] the workers wrote {train} and {test} ({time.perf_counter() - t0:.1f}s)")
         t1 = time.perf_counter()
         model = DSGClassifier(n_features=args.features, n_epochs=args.epochs, random_state=args.seed,
                               bandwidth=2.0, client=client, verbose=True)

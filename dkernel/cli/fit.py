@@ -21,6 +21,8 @@ def _build_dsg(args: argparse.Namespace) -> Any:
         value = getattr(args, flag, None)
         if value is not None:
             kw[param] = value
+    if getattr(args, "preconditioner", None) is not None:
+        kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
     return cls(**kw)
 
 
@@ -130,9 +132,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
                    help="initial step, a number or 'auto' (dsg)")
     g.add_argument("--step-decay", dest="step_decay", type=float)
-    g.add_argument("--lanes", type=int, help="chunks that share one step")
+    g.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v),
+                   help="chunks that share one step; 'auto' (dsg, eigenpro default): one per worker")
     g.add_argument("--preconditioner", choices=("none", "eigenpro"),
-                   help="kcca: 'eigenpro' (preconditioned whole-pool steps) or 'none' (Xie Alg. 4)")
+                   help="dsg, kcca: 'eigenpro' (preconditioned whole-pool steps, the default) or "
+                        "'none' (the papers' block steps: Dai Alg. 1, Xie Alg. 4)")
     g.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
     g.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
     g.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")

@@ -14,6 +14,7 @@ from dkernel.data.validate import check_finite_chunk, check_numeric_dtype
 # Default row-chunk size for in-memory input: ~32 MB per chunk keeps tasks
 # coarse enough to amortise scheduling yet far below worker memory.
 _CHUNK_BYTES = 32 * 2**20
+_MIN_CHUNKS = 8
 
 
 @dataclass
@@ -110,6 +111,9 @@ def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
     if chunk_rows is None:
         row_bytes = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize)
         chunk_rows = max(1, min(max(1, a.shape[0]), _CHUNK_BYTES // row_bytes))
+        # at least _MIN_CHUNKS chunks of >= 1024 rows, so lanes="auto" can give
+        # every worker of a small cluster a share of each step
+        chunk_rows = min(chunk_rows, max(1024, -(-a.shape[0] // _MIN_CHUNKS)))
     chunks = (chunk_rows,) + tuple(-1 for _ in a.shape[1:])
     return da.from_array(a, chunks=chunks)
 

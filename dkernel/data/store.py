@@ -41,6 +41,13 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
         raise
 
 
+def store_location(group: Any, path: str | os.PathLike) -> str:
+    """Where workers open ``group`` (from :func:`atomic_store`): the temporary
+    directory of a local store, the URL of a remote one."""
+    root = getattr(group.store, "root", None)
+    return str(root) if root is not None else os.fspath(path)
+
+
 def create_array(group: Any, name: str, shape: tuple, dtype: Any, chunk_rows: int) -> Any:
     """A row-chunked, compressed array in ``group`` (all columns in one chunk)."""
     chunks = (max(1, min(chunk_rows, max(1, shape[0]))),) + tuple(shape[1:])

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
-from dkernel.data.store import write_store
 
 
 def make_dai_ridge(n: int, d: int = 2, noise: float = 0.1, random_state: int = 0,
@@ -35,21 +35,56 @@ def make_blobs_classification(n: int, d: int = 10, n_classes: int = 3, random_st
     return X.astype(dtype), y.astype(np.int64)
 
 
+def _write_chunk(target: str, i: int, start: int, rows: int, d: int, kind: str,
+                 random_state: int) -> int:
+    """Generate chunk ``i`` and write it into the store at ``target`` (on a worker)."""
+    import zarr
+
+    make = make_blobs_classification if kind == "classification" else make_dai_ridge
+    X, y = make(rows, d, random_state=random_state * 100003 + i)
+    zarr.open_array(target, path="X", mode="r+")[start : start + rows] = X
+    zarr.open_array(target, path="y", mode="r+")[start : start + rows] = y
+    return X.nbytes + y.nbytes
+
+
 def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int = 4096,
-               kind: str = "classification", random_state: int = 0, overwrite: bool = False) -> str:
-    """Write a synthetic dataset store of any size chunk by chunk (memory: one chunk)."""
-    import dask.array as da
+               kind: str = "classification", random_state: int = 0, overwrite: bool = False,
+               client: Any = None, progress: bool = False) -> str:
+    """Write a synthetic dataset store of any size: one task per chunk, run on
+    the cluster's workers in parallel (each holds one chunk at a time), into
+    a temporary store renamed into place when every chunk is written.
 
-    def block(i: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        if kind == "classification":
-            return make_blobs_classification(rows, d, random_state=random_state * 100003 + i)
-        return make_dai_ridge(rows, d, random_state=random_state * 100003 + i)
+    ``kind``: "classification" (:func:`make_blobs_classification`) or
+    "regression" (:func:`make_dai_ridge`).  Chunk i depends only on
+    (random_state, i, its rows), so the data do not depend on the cluster.
+    ``client``: the cluster that writes it; None writes it in this process,
+    chunk by chunk (small stores, tests).
+    """
+    from distributed import as_completed
 
-    sizes = [min(chunk_rows, n - s) for s in range(0, n, chunk_rows)]
-    import dask
+    from dkernel.data.store import atomic_store, create_array, store_location
+    from dkernel.engine.progress import Progress
 
-    parts = [dask.delayed(block, nout=2)(i, r) for i, r in enumerate(sizes)]
+    if kind not in ("classification", "regression"):
+        raise ValueError(f"kind={kind!r}; choose 'classification' or 'regression'")
+    if n < 1 or d < 1 or chunk_rows < 1:
+        raise ValueError(f"rows, inputs and chunk rows must be >= 1, got {n}, {d}, {chunk_rows}")
     ydt = np.int64 if kind == "classification" else np.float32
-    X = da.concatenate([da.from_delayed(p[0], (r, d), np.float32) for p, r in zip(parts, sizes)])
-    y = da.concatenate([da.from_delayed(p[1], (r,), ydt) for p, r in zip(parts, sizes)])
-    return write_store(path, X, y, chunk_rows=chunk_rows, overwrite=overwrite)
+    starts = list(range(0, n, chunk_rows))
+    with atomic_store(path, overwrite) as group:
+        create_array(group, "X", (n, d), np.float32, chunk_rows)
+        create_array(group, "y", (n,), ydt, chunk_rows)
+        target = store_location(group, path)
+        args = [(target, i, s0, min(chunk_rows, n - s0), d, kind, int(random_state))
+                for i, s0 in enumerate(starts)]
+        bar = Progress(len(args), "make-store", progress, unit="chunks")
+        if client is None:
+            for a in args:
+                _write_chunk(*a)
+                bar.update(1)
+        else:
+            for f in as_completed([client.submit(_write_chunk, *a, pure=False) for a in args]):
+                f.result()  # a failed chunk fails the whole store (nothing is renamed)
+                bar.update(1)
+        bar.close()
+    return os.fspath(path)

@@ -34,6 +34,7 @@ from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine.checkpoint import Checkpointer
+from dkernel.engine.guard import DivergenceGuard
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.engine.progress import Progress
 
@@ -196,6 +197,10 @@ class Engine:
         self.client = client
         self.options = options or EngineOptions()
         self._last_run: str | None = None
+        #: Most chunk/partial futures alive at once in the last map_reduce or scan.
+        self.peak_live = 0
+        #: Step halvings of the last ``run_steps`` (:mod:`dkernel.engine.guard`).
+        self.backoffs: list[dict[str, Any]] = []
         #: One dict per epoch of the last ``run_steps``: ``epoch`` (1-based),
         #: ``loss`` (mean mini-batch loss over the epoch's rows, where the
         #: program reports one), ``steps``, ``rows`` and ``seconds``.
@@ -220,6 +225,9 @@ class Engine:
             loaded = ckpt.load()
             if loaded is not None:
                 state, start = loaded
+        guard = DivergenceGuard(program)
+        self.backoffs = guard.backoffs
+        state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         source = _ChunkSource(self.client, data, opts.dtype)
@@ -252,11 +260,13 @@ class Engine:
                         continue
                     payload = _ship(self.client, program.payload(state, step))
                     for attempt in range(_STEP_RETRIES + 1):
+                        # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
                         futs = [self.client.submit(_run_partial, type(program).partial, payload,
                                                    current[c], slices[c][j],
                                                    (data.X.name, c) if program.wants_chunk else None,
                                                    *extra, run=run, workers=source.home(c),
-                                                   allow_other_workers=True, pure=False)
+                                                   allow_other_workers=True,
+                                                   key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}")
                                 for c in group if j < len(slices[c])]
                         try:
                             total = tree_sum(self.client, futs)
@@ -271,14 +281,16 @@ class Engine:
                             current, loaded = source.get(group), {}
                             payload = _ship(self.client, program.payload(state, step))
                             extra = () if constants is None else (_ship(self.client, constants),)
-                    state = program.update(state, total, step)
+                    restored = guard.before_update(state, total, step)
+                    state = program.update(state, total, step) if restored is None else restored
                     step += 1
                     seen["steps"] += 1
                     seen["rows"] += int(total.get("count", 0))
                     seen["loss"] += float(np.sum(total.get("loss", 0.0)))
                     if ckpt.due(step):
                         ckpt.save(state, step)
-                    progress.update(1, epoch=epoch + 1, **program.metrics(total))
+                    rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
+                    progress.update(1, epoch=epoch + 1, **{"rows/s": rate}, **program.metrics(total))
                 del current
             self.history.append({
                 "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
@@ -289,6 +301,7 @@ class Engine:
             if program.should_stop(state, epoch):
                 break
         progress.close()
+        guard.finish(state)
         return state
 
     def map_reduce(self, data: Dataset, fn: Callable, payload: Any = None, *,
@@ -317,6 +330,7 @@ class Engine:
         window = window or max(2, 2 * self.n_workers())
         progress = Progress(n, label, self.options.progress)
         tree = _CounterTree(self.client)
+        token = uuid.uuid4().hex[:12]
         inflight: list[Future] = []
         self.peak_live = 0
         for start in range(0, n, window):
@@ -326,7 +340,8 @@ class Engine:
                                         (data.X.name, c) if wants_chunk else None, run=run,
                                         # where the fit cached this chunk's blocks
                                         workers=source.home(c) if wants_chunk else None,
-                                        allow_other_workers=wants_chunk, pure=False)
+                                        allow_other_workers=wants_chunk,
+                                        key=f"{_key_label(label)}-{token}-{c}")
                      for c in ids]
             del chunks
             # the previous window must finish before more chunks are read; its
@@ -371,6 +386,10 @@ class Engine:
         ``prepare(payload, X, y, start=r)``, r the number of rows the scan folds
         before this chunk (over all epochs), for per-row schedules such as step
         sizes eta_n or truncation levels L_n.
+
+        Memory does not depend on the number of chunks: at most ``window``
+        chunks and their prepared results are alive at once (``peak_live``
+        records the most seen), plus the state, which moves between workers.
         """
         opts = self.options
         plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
@@ -393,14 +412,16 @@ class Engine:
         progress = Progress(start + len(order), label, opts.progress, start=start)
         current: Any = state
         pending: list[Future] = []
+        self.peak_live = 0
         for k, (_, c) in enumerate(order):
             chunk = source.get((c,))[c]
             fn = partial(prepare, start=int(rows_before[start + k])) if pass_start else prepare
             prepared = self.client.submit(_run_partial, fn, payload, chunk, None, pure=False)
             current = self.client.submit(fold, current, prepared, payload, pure=False)
             pending.append(current)
+            self.peak_live = max(self.peak_live, len(pending))
             if len(pending) >= window:  # bound the chunks alive at once
-                pending.pop(0).result()
+                wait(pending.pop(0))
             done = start + k + 1
             if ckpt.due(done):
                 value = current.result()
@@ -418,6 +439,11 @@ _STEP_RETRIES = 3
 # DSG steps (330 kB of coefficients, 4 tasks), embedding took 34 ms a step
 # against 71 ms for a broadcast scatter's extra round trips.
 _SCATTER_BYTES = 8 << 20
+
+
+def _key_label(label: str) -> str:
+    """A task-key prefix from a progress label ("kcca preconditioner" -> "kcca-preconditioner")."""
+    return "-".join(label.split()) or "pass"
 
 
 def _ship(client: Client, payload: Any) -> Any:

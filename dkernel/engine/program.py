@@ -83,6 +83,14 @@ class StepProgram:
             return {"loss": float(np.sum(total["loss"]) / total["count"])}
         return {}
 
+    #: True when :meth:`update` multiplies its step by ``state["step_scale"]``,
+    #: so the engine's divergence guard can halve it (:mod:`dkernel.engine.guard`).
+    supports_backoff: bool = False
+
+    def divergence_hint(self) -> str:
+        """What the user should change when the fit diverges (one clause)."""
+        return "use a smaller step_size or a larger bandwidth"
+
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         """Called after each epoch; True ends the fit early (e.g. early stopping)."""
         return False

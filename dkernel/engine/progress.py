@@ -11,8 +11,8 @@ class Progress:
     """Prints at most every ``interval`` seconds; a no-op when disabled."""
 
     def __init__(self, total: int, label: str, enabled: bool, stream: TextIO | None = None,
-                 interval: float = 1.0, start: int = 0) -> None:
-        self.total, self.label, self.enabled = total, label, enabled
+                 interval: float = 1.0, start: int = 0, unit: str = "steps") -> None:
+        self.total, self.label, self.enabled, self.unit = total, label, enabled, unit
         self.stream = stream or sys.stderr
         self.interval = interval
         self.done = self._base = start
@@ -29,8 +29,8 @@ class Progress:
         self._last = now
         rate = (self.done - self._base) / max(now - self._t0, 1e-9)
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        parts = [f"{self.label}: {self.done}/{self.total} steps",
-                 f"{rate:.1f} steps/s", f"eta {eta:.0f}s"]
+        parts = [f"{self.label}: {self.done}/{self.total} {self.unit}",
+                 f"{rate:.1f} {self.unit}/s", f"eta {eta:.0f}s"]
         parts += [f"{k} {v:.4g}" for k, v in metrics.items()]
         line = " | ".join(parts)
         self.stream.write(("\r" + line) if self._tty else line + "\n")

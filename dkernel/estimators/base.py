@@ -81,7 +81,7 @@ def check_common_params(est: Any) -> None:
     if not (isinstance(est.bandwidth, str) and est.bandwidth == "auto"):
         check_positive("bandwidth", est.bandwidth)
     for name in ("n_features", "batch_size", "n_epochs"):
-        if hasattr(est, name):
+        if hasattr(est, name) and not (name == "batch_size" and est.batch_size == "auto"):
             check_positive(name, getattr(est, name), integer=True)
     if hasattr(est, "alpha"):
         check_positive("alpha", est.alpha, allow_zero=True)
@@ -90,11 +90,29 @@ def check_common_params(est: Any) -> None:
         raise ValueError(f"random_state must be a non-negative integer seed, got {est.random_state!r}")
 
 
+#: A sample is drawn from at most this many chunks (picked at random), so its
+#: cost does not grow with the store: 12k rows from a 10 TB store read 64
+#: chunks, not all of them.
+_SAMPLE_CHUNKS = 64
+
+
+def sample_index(data: Dataset, random_state: int, size: int, domain: int) -> np.ndarray:
+    """Sorted indices of ``min(size, n)`` distinct rows: uniform over the rows
+    when the data has at most ``_SAMPLE_CHUNKS`` chunks (or is in memory),
+    else uniform over the rows of ``_SAMPLE_CHUNKS`` chunks drawn at random."""
+    n = data.n_rows
+    rng = np.random.default_rng([int(random_state), int(domain)])
+    if data.host is not None or data.n_chunks <= _SAMPLE_CHUNKS:
+        return np.sort(rng.choice(n, size=min(n, size), replace=False))
+    offsets = data.row_offsets()
+    chunks = np.sort(rng.choice(data.n_chunks, size=_SAMPLE_CHUNKS, replace=False))
+    pool = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in chunks])
+    return np.sort(rng.choice(pool, size=min(len(pool), size), replace=False))
+
+
 def sample_rows(data: Dataset, random_state: int, client: Any, size: int = _BANDWIDTH_SAMPLE) -> np.ndarray:
     """A seeded random sample of rows of X, gathered by the cluster (one small read)."""
-    n = data.n_rows
-    rng = np.random.default_rng([int(random_state), 0xBA4D])
-    idx = np.sort(rng.choice(n, size=min(n, size), replace=False))
+    idx = sample_index(data, random_state, size, 0xBA4D)
     if data.host is not None:
         sample = np.asarray(data.host[0][idx], dtype=np.float64)
     else:

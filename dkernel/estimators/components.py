@@ -704,8 +704,8 @@ class KernelCCA(_TwoViewBase):
         beta / lambda_q + 1 <= batch_size (Ma & Belkin: larger q buys nothing
         beyond the batch)."""
         D = n_blocks * features.block_size
-        n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
-        rows = open_dataset(S, chunk_rows=math.ceil(len(S) / (2 * n_workers)))
+        # a fixed number of chunks (not one per worker): sums must not depend on the cluster
+        rows = open_dataset(S, chunk_rows=math.ceil(len(S) / 16))
         n_pairs = min(D, _PRECONDITIONER_PAIRS)
         eig = eigensystem(Engine(client, self._engine_options()), rows, feature_block,
                           {"features": features, "n_blocks": n_blocks}, n_pairs, D,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import dask.array as da
@@ -24,6 +25,8 @@ from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
 from dkernel.solvers.dsg import DSGProgram, decision
+from dkernel.solvers.eigenpro import step_size
+from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
 from dkernel.solvers.targets import TargetEncoding
 
 #: c_loss in the automatic step gamma_0 = c_loss / lambda_1 (lambda_1: top eigenvalue of
@@ -33,6 +36,11 @@ from dkernel.solvers.targets import TargetEncoding
 #: gamma_0 = 50 with lambda_1 = 0.137; synthetic hinge best near 20 with lambda_1 = 0.24).
 _STEP_SCALE = {"squared": 1.0, "huber": 1.0, "epsilon_insensitive": 1.0, "quantile": 1.0,
                "squared_hinge": 1.0, "logistic": 4.0, "hinge": 5.0, "softmax": 6.0}
+
+#: Rows the preconditioner is computed on and the most eigenpairs it keeps:
+#: its cost depends on these and D, never on n.
+_PRECONDITIONER_ROWS = 4000
+_PRECONDITIONER_PAIRS = 513
 
 _DOC_PARAMS = """
     kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
@@ -45,17 +53,32 @@ _DOC_PARAMS = """
         Features B drawn per step (one seed).
     alpha : float, default=1e-6
         Regularisation strength nu: every step shrinks old blocks by (1 - gamma nu).
-    batch_size : int, default=512
-        Rows per step, spread over ``lanes`` chunks.
+    batch_size : int or "auto", default="auto"
+        Rows per step, spread over ``lanes`` chunks.  "auto" with the
+        preconditioner: ``lanes`` x rows whose D features fill a 128 MB
+        buffer (16384 rows at D = 2048, clipped to [1024, 16384]), wide
+        enough that a step's compute dwarfs its fixed cost; without it, 512.
+        Stored as ``batch_size_``.
     n_epochs : int, default=5
     step_size : float or "auto", default="auto"
-        gamma_0; "auto" is c_loss / lambda_1 with lambda_1 the top eigenvalue of
-        the kernel operator on a 1000-row sample (stored as ``step_size_``).
+        gamma_0.  "auto": with the preconditioner c_loss eta(batch) / 2, eta
+        EigenPro's step for the preconditioned spectrum; without it,
+        c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
+        operator on a 1000-row sample.  Stored as ``step_size_``.  A step
+        that makes the loss blow up is undone and halved (recorded in
+        ``step_backoffs_``).
     step_decay : float, default=1e-3
         gamma_t = step_size / (1 + step_decay * t).
-    lanes : int, default=4
+    preconditioner : {"eigenpro", None}, default="eigenpro"
+        "eigenpro": every step updates the whole pool through EigenPro's
+        preconditioner, the top eigenpairs of the pool's feature covariance
+        on a 4000-row sample (q_ of them, so that the critical batch reaches
+        ``batch_size``).  None: Dai et al.'s Alg. 1 as printed, one block of
+        B features per step.
+    lanes : int or "auto", default="auto"
         Chunks sharing one step (parallel width; the model depends on it, not
-        on the number of workers).
+        on the number of workers).  "auto" is one per worker; stored as
+        ``lanes_`` (pass it back to reproduce the fit on another cluster).
     random_state : int, default=0
         Global seed of features and shuffling.
     client : distributed.Client, optional
@@ -74,8 +97,9 @@ class _DSGBase(BaseEstimator):
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
                  n_features: int = 4096, block_size: int = 256, loss: str | None = None,
-                 alpha: float = 1e-6, batch_size: int = 512, n_epochs: int = 5,
-                 step_size: float | str = "auto", step_decay: float = 1e-3, lanes: int = 4,
+                 alpha: float = 1e-6, batch_size: int | str = "auto", n_epochs: int = 5,
+                 step_size: float | str = "auto", step_decay: float = 1e-3,
+                 preconditioner: str | None = "eigenpro", lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
                  resume: bool = False) -> None:
@@ -89,6 +113,7 @@ class _DSGBase(BaseEstimator):
         self.n_epochs = n_epochs
         self.step_size = step_size
         self.step_decay = step_decay
+        self.preconditioner = preconditioner
         self.lanes = lanes
         self.random_state = random_state
         self.client = client
@@ -103,7 +128,10 @@ class _DSGBase(BaseEstimator):
         if self.step_size != "auto":
             check_positive("step_size", self.step_size)
         check_positive("step_decay", self.step_decay, allow_zero=True)
-        check_positive("lanes", self.lanes, integer=True)
+        if self.lanes != "auto":
+            check_positive("lanes", self.lanes, integer=True)
+        if self.preconditioner not in ("eigenpro", None):
+            raise ValueError(f"preconditioner must be 'eigenpro' or None, got {self.preconditioner!r}")
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
@@ -123,22 +151,56 @@ class _DSGBase(BaseEstimator):
             sample = sample_rows(data, self.random_state, client)
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             encoding = self._encoding(data, client)
-            if self.step_size == "auto":
-                # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
-                # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
-                self.step_size_ = _STEP_SCALE[self._loss] / top_eigenvalue(sample, self.kernel, bandwidth)
-            else:
-                self.step_size_ = float(self.step_size)
             B = min(int(self.block_size), int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
-            program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
-                                 self.step_size_, float(self.step_decay))
-            state = Engine(client, self._engine_options()).run_steps(
-                data, program, n_epochs=int(self.n_epochs), batch_size=int(self.batch_size),
+            engine = Engine(client, self._engine_options())
+            self.lanes_ = engine.resolve_lanes(data)
+            engine.options.lanes = self.lanes_
+            if self.preconditioner == "eigenpro":
+                program = self._preconditioned_program(engine, data, features, n_blocks, encoding)
+            else:
+                self.batch_size_ = 512 if self.batch_size == "auto" else int(self.batch_size)
+                self.q_ = 0
+                if self.step_size == "auto":
+                    # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
+                    # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
+                    self.step_size_ = _STEP_SCALE[self._loss] / top_eigenvalue(sample, self.kernel,
+                                                                               bandwidth)
+                else:
+                    self.step_size_ = float(self.step_size)
+                program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
+                                     self.step_size_, float(self.step_decay))
+            state = engine.run_steps(
+                data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
                 random_state=int(self.random_state))
+            self.step_backoffs_ = list(engine.backoffs)
         self._set_fitted(features, encoding, state["coef"] * state["scale"])
         return self
+
+    def _preconditioned_program(self, engine: Engine, data: Any, features: FeatureMap,
+                                n_blocks: int, encoding: TargetEncoding) -> DSGProgram:
+        """Whole-pool steps through EigenPro's preconditioner (solvers/dsg.py)."""
+        D = n_blocks * features.block_size
+        if self.batch_size == "auto":
+            self.batch_size_ = default_batch(self.lanes_, D, data.n_rows)
+        else:
+            self.batch_size_ = int(self.batch_size)
+        t0 = time.perf_counter()
+        sample = sample_rows(data, self.random_state, engine.client, size=_PRECONDITIONER_ROWS)
+        pre, beta, _ = feature_preconditioner(
+            engine, sample, features, n_blocks, _PRECONDITIONER_PAIRS, self.batch_size_, 1.0,
+            int(self.random_state), label="dsg preconditioner")
+        self.preconditioner_seconds_ = time.perf_counter() - t0
+        self.q_ = pre.q
+        self.eigenvalues_ = pre.values
+        if self.step_size == "auto":
+            self.step_size_ = _STEP_SCALE[self._loss] * step_size(self.batch_size_, beta, pre.new_top) / 2
+        else:
+            self.step_size_ = float(self.step_size)
+        return DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha), self.step_size_,
+                          float(self.step_decay), preconditioner=pre, beta=beta,
+                          batch_size=self.batch_size_)
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self.features_ = features
@@ -164,15 +226,26 @@ class _DSGBase(BaseEstimator):
         return ({"coef": self.coef_, "classes": np.asarray(e.classes),
                  "offset": np.asarray(e.offset, dtype=np.float64)},
                 {"features": self.features_.to_dict(), "encoding": e.kind,
-                 "step_size_": self.step_size_})
+                 **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)}})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
                              tuple(arrays["offset"].tolist()))
         self._set_fitted(FeatureMap(**meta["features"]), enc, arrays["coef"])
-        self.step_size_ = meta["step_size_"]
+        for k in _RESOLVED:
+            if k in meta:
+                setattr(self, k, meta[k])
         if enc.kind != "regression":
             self.classes_ = arrays["classes"]
+
+
+#: Settings resolved at fit time ("auto" values included) that determine the
+#: model: saved with it, so the fit can be reproduced on any cluster.
+_RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_")
+
+
+def _json(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
@@ -194,6 +267,9 @@ class DSGRegressor(_DSGBase):
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
     n_features_in_ : int
+    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
+    step_backoffs_ : list of dict
+        Steps the divergence guard undid and halved (empty when none).
 
     Examples
     --------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,13 +39,15 @@ from dkernel.solvers.eigenpro import (
 )
 from dkernel.solvers.eigenpro_rf import (
     FeatureEigenProProgram,
-    FeaturePreconditioner,
-    choose_q_rf,
-    feature_block,
+    default_batch,
+    feature_preconditioner,
 )
 from dkernel.solvers.targets import TargetEncoding
 
 _MAX_AUTO_CENTERS = 100_000
+#: Rows of the random-feature preconditioner's subsample (Ma & Belkin use
+#: M = 4800 for the kernel form; 8000 keeps lambda_{q+1} for q ~ 1000 stable).
+_RF_SUBSAMPLE = 8000
 
 
 class _EigenProBase(BaseEstimator):
@@ -56,7 +59,8 @@ class _EigenProBase(BaseEstimator):
                  batch_size: int | None = None, step_size: float | None = None,
                  max_batch: int | None = None, n_epochs: int = 10, block_size: int = 1024,
                  kernel_cache: str = "auto", early_stopping: bool = False,
-                 validation_fraction: float = 0.1, n_iter_no_change: int = 2, lanes: int = 4,
+                 validation_fraction: float = 0.1, n_iter_no_change: int = 2,
+                 lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
                  resume: bool = False) -> None:
@@ -96,7 +100,7 @@ class _EigenProBase(BaseEstimator):
             raise ValueError("give n_centers (kernel form) or n_features (random-feature form), not both")
         for name in ("n_centers", "q", "subsample_size", "max_batch", "block_size", "lanes",
                      "n_iter_no_change"):
-            if getattr(self, name) is not None:
+            if getattr(self, name) is not None and not (name == "lanes" and self.lanes == "auto"):
                 check_positive(name, getattr(self, name), integer=True)
         if self.step_size is not None:
             check_positive("step_size", self.step_size)
@@ -190,15 +194,19 @@ class _EigenProBase(BaseEstimator):
         n_blocks = math.ceil(int(self.n_features) / B)
         D = n_blocks * B
         features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
-        n_pairs = min(D, (self.q + 1) if self.q is not None else min(D, 1001))
-        eig = eigensystem(engine, data, feature_block, {"features": features, "n_blocks": n_blocks},
-                          n_pairs, D, operator="gram", random_state=int(self.random_state),
-                          label="eigenpro-rf preconditioner")
         tau = 0.25 if self.damping is None else float(self.damping)  # paper 4.1: tau = 1/4 for RF
-        beta = float(eig.row_norm_max)
-        max_batch = int(self.max_batch or min(2000, data.n_rows))
-        q = min(self.q, n_pairs - 1) if self.q is not None else choose_q_rf(eig.values, beta, max_batch)
-        pre = FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau)
+        self.lanes_ = engine.resolve_lanes(data)
+        engine.options.lanes = self.lanes_
+        max_batch = int(self.max_batch or default_batch(self.lanes_, D, data.n_rows))
+        # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
+        s = min(data.n_rows, int(self.subsample_size or _RF_SUBSAMPLE))
+        t0 = time.perf_counter()
+        sample = sample_rows(data, self.random_state, engine.client, size=s)
+        pre, beta, eig = feature_preconditioner(
+            engine, sample, features, n_blocks, min(D, 1001), max_batch, tau, int(self.random_state),
+            q=self.q, label="eigenpro-rf preconditioner")
+        self.preconditioner_seconds_ = time.perf_counter() - t0
+        q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
         program = FeatureEigenProProgram(features, n_blocks, pre, encoding, beta)
@@ -215,7 +223,7 @@ class _EigenProBase(BaseEstimator):
         self.features_ = features
         self.coef_ = state["theta"]
         self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
-                         pre.new_top, eig.method, "worker-cache", None)
+                         pre.new_top, eig.method, "worker-cache", s)
 
     def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
              key: str) -> dict:
@@ -232,8 +240,11 @@ class _EigenProBase(BaseEstimator):
             elif epoch - best["epoch"] >= int(self.n_iter_no_change):
                 program.stop = True
 
+        self.lanes_ = engine.resolve_lanes(data)  # recorded: the model depends on it
+        engine.options.lanes = self.lanes_
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
                                  random_state=int(self.random_state), on_epoch=on_epoch)
+        self.step_backoffs_ = list(engine.backoffs)
         if best:
             state = {key: best["coef"]}
             self.best_epoch_ = best["epoch"] + 1
@@ -319,7 +330,9 @@ class _EigenProBase(BaseEstimator):
                 "n_features_in": self.n_features_in_, "q": self.q_, "batch_size": self.batch_size_,
                 "critical_batch": self.critical_batch_, "step_size": self.step_size_, "beta": self.beta_,
                 "eigensolver": self.eigensolver_, "kernel_cache": self.kernel_cache_,
-                "subsample_size": self.subsample_size_}
+                "subsample_size": self.subsample_size_,
+                "lanes": getattr(self, "lanes_", None),
+                "step_backoffs": getattr(self, "step_backoffs_", [])}
         if self.form_ == "kernel":
             arrays["centers"] = self.centers_
         else:
@@ -344,6 +357,8 @@ class _EigenProBase(BaseEstimator):
                                                              meta["beta"])
         self.eigensolver_, self.kernel_cache_ = meta["eigensolver"], meta["kernel_cache"]
         self.subsample_size_ = meta["subsample_size"]
+        self.lanes_ = meta.get("lanes")
+        self.step_backoffs_ = meta.get("step_backoffs", [])
         if enc.kind != "regression":
             self.classes_ = arrays["classes"]
 

@@ -20,6 +20,24 @@ blocks Phi_j(X_c) of the chunks they hold in the engine's bounded cache
 (:mod:`dkernel.engine.cache`), so once the pool is built and cached an
 epoch costs O(n P B c) instead of O(n P B d); when the cache is full the
 rows' blocks are regenerated from their seeds.
+
+Preconditioned whole-pool steps (``preconditioner`` set; ours, EigenPro's
+idea -- Ma & Belkin 2017, Table 1 -- applied to Dai's functional step, as
+KernelCCA does).  f is evaluated over the whole pool on every step anyway,
+and the gradient of every block costs about as much as f, so each step
+updates all D features (an RKHS step with the D-feature kernel instead of
+a B-feature one):
+
+    a <- a - \gamma_t P ( mean_b \phi(x_b) l'(f(x_b), y_b) / D  +  \nu a )
+    P  = I - E (I - \tau \lambda_{q+1} \Lambda^{-1}) E^T     (Table 1, line 2)
+
+from the top-q eigenpairs of the scaled pool covariance E[z z^T],
+z = \phi / sqrt(D), on a subsample.  P flattens the top of the spectrum to
+\lambda_{q+1}, so the critical batch m* = \beta / \lambda_{q+1} + 1 grows from
+a handful of rows to thousands and a wide step (many rows on every worker,
+which amortises the step's fixed cost) is no longer wasted:
+\gamma_t = c_loss \eta(m) / 2 / (1 + \theta_1 t), \eta(m) EigenPro's step for
+a batch of m rows (linear in m below m*), c_loss the loss's inverse curvature.
 """
 
 from __future__ import annotations
@@ -27,13 +45,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import threading
+
 import numpy as np
 
-from dkernel.backend import asarray_like, namespace
+from dkernel.backend import asarray_like, namespace, to_numpy
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.losses import get_loss
+from dkernel.solvers.eigenpro import step_size as eigenpro_step
+from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
 from dkernel.solvers.targets import TargetEncoding
 
 # Feature tiles of this many columns keep the (rows x tile) slab in cache-ish
@@ -78,7 +100,8 @@ def chunk_decision(features: FeatureMap, chunk: Chunk, coef: Any) -> Any:
 
 
 def dsg_partial(payload: dict, chunk: Chunk) -> dict:
-    """Worker side of one step: f on the rows, loss derivative, block gradient."""
+    """Worker side of one step: f on the rows, loss derivative, block gradient
+    (``payload["block"]`` an int) or every block's gradient (None)."""
     features: FeatureMap = payload["features"]
     encoding: TargetEncoding = payload["encoding"]
     dt = np.dtype(features.dtype)
@@ -87,6 +110,8 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     coef = asarray_like(payload["coef"], X)
     block = payload["block"]
     Y = encoding.encode(chunk.y_rows, dt)
+    if block is None:
+        return _pool_partial(features, chunk, coef, Y, payload["loss"])
     f = chunk_decision(features, chunk, coef)  # f(x_b) over every active block
     value, dl = get_loss(payload["loss"])(f, Y)
     phi = block_rows(features, chunk, block)
@@ -94,9 +119,65 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
             "count": X.shape[0]}
 
 
+_scratch = threading.local()
+
+
+def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int) -> Any:
+    """Phi(X_c[rows]) for the whole pool as (n_blocks, rows, B), built once per
+    step in a per-thread buffer that is reused across steps (fresh pages
+    cost seconds per GB here, DESIGN 4): cached blocks are gathered into it,
+    the others generated into it."""
+    B = features.block_size
+    m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
+    xp = namespace(chunk.X)
+    shape = (n_blocks, m, B)
+    size = n_blocks * m * B
+    buf = getattr(_scratch, "buf", None)
+    if xp is not np or buf is None or buf.size < size or buf.dtype != np.dtype(features.dtype):
+        buf = xp.empty(size, dtype=np.dtype(features.dtype))
+        if xp is np:
+            _scratch.buf = buf
+    Phi = buf[:size].reshape(shape)
+    X_rows = None
+    for j in range(n_blocks):
+        nbytes = chunk.X.shape[0] * B * Phi.itemsize
+        full = cache.lookup_or_fill((chunk.key, features, j), lambda j=j: features.block(chunk.X, j),
+                                    nbytes, owner=chunk.run)
+        if full is None:
+            X_rows = chunk.X_rows if X_rows is None else X_rows
+            features.blocks(X_rows, [j], out=Phi[j])
+        elif chunk.rows is None:
+            Phi[j][...] = full
+        else:
+            xp.take(full, chunk.rows, axis=0, out=Phi[j], mode="clip")  # rows are valid; clip avoids a buffer
+    return Phi
+
+
+def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str) -> dict:
+    B = features.block_size
+    n_blocks = coef.shape[0] // B
+    Phi = pool_rows(features, chunk, n_blocks)
+    xp = namespace(Phi)
+    f = xp.zeros((Phi.shape[1], coef.shape[1]), dtype=Phi.dtype)
+    for j in range(n_blocks):
+        f += Phi[j] @ coef[j * B : (j + 1) * B]
+    value, dl = get_loss(loss)(f, Y)
+    grad = np.empty((coef.shape[0], coef.shape[1]), dtype=np.float64)
+    for j in range(n_blocks):
+        grad[j * B : (j + 1) * B] = to_numpy(Phi[j].T @ dl)
+    return {"grad": grad, "loss": float(xp.sum(value)), "count": int(Phi.shape[1])}
+
+
 @dataclass
 class DSGProgram(StepProgram):
-    """Engine program for Dai et al. Alg. 1; state = pool coefficients + scale."""
+    """Engine program for Dai et al. Alg. 1; state = pool coefficients + scale.
+
+    With ``preconditioner`` every step updates the whole pool (module
+    docstring); ``step_size`` is then gamma_0 for a step of ``batch_size``
+    rows, and a shorter step (a chunk's last rows) takes the EigenPro step of
+    its own size, eta(m) / eta(batch_size) of it.  ``state["step_scale"]``
+    (set by the engine's divergence guard) multiplies every step.
+    """
 
     features: FeatureMap
     loss: str
@@ -106,9 +187,14 @@ class DSGProgram(StepProgram):
     step_size: float
     step_decay: float
     label: str = "dsg"
+    preconditioner: FeaturePreconditioner | None = None
+    #: beta = max |z(x)|^2 over the preconditioner's sample (pool mode)
+    beta: float = 1.0
+    batch_size: int = 1
 
     partial = staticmethod(dsg_partial)
     wants_chunk = True
+    supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
@@ -116,6 +202,10 @@ class DSGProgram(StepProgram):
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         B = self.features.block_size
+        if self.preconditioner is not None:
+            coef = (state["coef"] * state["scale"]).astype(self.features.dtype)
+            return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
+                    "coef": coef, "block": None}
         active = min(step, self.n_blocks)  # blocks that already carry weight
         coef = (state["coef"][: active * B] * state["scale"]).astype(self.features.dtype)
         return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
@@ -123,22 +213,37 @@ class DSGProgram(StepProgram):
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         B = self.features.block_size
-        gamma = self.step_size / (1.0 + self.step_decay * step)
-        scale = state["scale"] * (1.0 - gamma * self.alpha)
+        m = int(total["count"])
+        gamma = state.get("step_scale", 1.0) * self.step_size / (1.0 + self.step_decay * step)
         coef = state["coef"]
+        if self.preconditioner is not None:
+            P = self.preconditioner
+            gamma *= (eigenpro_step(m, self.beta, P.new_top)
+                      / eigenpro_step(self.batch_size, self.beta, P.new_top))
+            D = coef.shape[0]
+            coef *= state["scale"]
+            coef -= gamma * P.apply(total["grad"] / (m * D) + self.alpha * coef)
+            return {**state, "coef": coef, "scale": 1.0}
+        scale = state["scale"] * (1.0 - gamma * self.alpha)
         i = step % self.n_blocks
-        coef[i * B : (i + 1) * B] -= (gamma / B) * (total["grad"] / total["count"]) / scale
+        coef[i * B : (i + 1) * B] -= (gamma / B) * (total["grad"] / m) / scale
         if scale < 1e-30:  # fold the scale in before it underflows; O(D) and rare
             coef *= scale
             scale = 1.0
-        return {"coef": coef, "scale": scale}
+        return {**state, "coef": coef, "scale": scale}
+
+    def divergence_hint(self) -> str:
+        return (f"set a smaller step_size (now {self.step_size:.3g}) or a larger bandwidth "
+                f"(now {self.features.bandwidth:.3g})")
 
     def fingerprint(self) -> dict[str, Any]:
+        P = self.preconditioner
         return {"solver": "dsg", "features": self.features.to_dict(), "loss": self.loss,
                 "encoding": [self.encoding.kind, list(map(_plain, self.encoding.classes)),
                              list(map(float, self.encoding.offset))],
                 "n_blocks": self.n_blocks, "alpha": self.alpha, "step_size": self.step_size,
-                "step_decay": self.step_decay}
+                "step_decay": self.step_decay,
+                "preconditioner": None if P is None else [P.q, P.tau, float(f"{np.sum(P.values):.8g}")]}
 
 
 def _plain(v: Any) -> Any:

@@ -19,13 +19,13 @@ Workers keep Z(X_c) of their chunks in the engine's bounded cache.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dkernel.backend import asarray_like, namespace, to_numpy
-from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro import critical_batch, step_size
@@ -60,6 +60,36 @@ class FeaturePreconditioner:
         return g - E @ (shrink[:, None] * (E.T @ g))
 
 
+def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap, n_blocks: int,
+                           max_pairs: int, max_batch: int, tau: float, random_state: int,
+                           q: int | None = None, label: str = "preconditioner",
+                           ) -> tuple[FeaturePreconditioner, float, Any]:
+    """EigenPro-RF's preconditioner from a row subsample (Table 1, line 1).
+
+    The top eigenpairs of z^T z / s over the ``s`` sampled rows (features
+    generated on the workers, products in float32: the eigenvalues agree
+    with a float64 solve to ~1e-6 relative, tests/test_eigenpro.py), so the
+    cost depends on s and D, never on n.  q (unless given) is the largest with
+    critical batch <= ``max_batch``.  Returns (P, beta = max |z|^2 on the
+    sample, the eigensystem).
+    """
+    from dkernel.data.dataset import open_dataset
+    from dkernel.linalg import eigensystem
+
+    D = n_blocks * features.block_size
+    s = sample.shape[0]
+    n_pairs = min(D, s, (int(q) + 1) if q is not None else int(max_pairs))
+    # a fixed number of chunks, not one per worker: the sums, hence the model,
+    # must not depend on the cluster
+    rows = open_dataset(np.asarray(sample, dtype=np.float32), chunk_rows=max(1, math.ceil(s / 16)))
+    eig = eigensystem(engine, rows, feature_block, {"features": features, "n_blocks": n_blocks},
+                      n_pairs, D, operator="gram", random_state=int(random_state), label=label,
+                      dtype="float32")
+    beta = float(eig.row_norm_max)
+    q = min(int(q), n_pairs - 1) if q is not None else choose_q_rf(eig.values, beta, max_batch)
+    return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau), beta, eig
+
+
 def choose_q_rf(values: np.ndarray, beta: float, max_batch: int) -> int:
     q = 1
     for cand in range(1, len(values)):
@@ -70,23 +100,40 @@ def choose_q_rf(values: np.ndarray, beta: float, max_batch: int) -> int:
 
 
 def eigenpro_rf_partial(payload: dict, chunk: Chunk) -> dict:
-    """Z_b^T (Z_b theta - y_b) on this task's rows."""
+    """Z_b^T (Z_b theta - y_b) on this task's rows, Z = Phi / sqrt(D): the pool's
+    blocks come from the worker cache or are generated into a reused buffer
+    (:func:`dkernel.solvers.dsg.pool_rows`, shared with DSG's blocks)."""
+    from dkernel.solvers.dsg import pool_rows
+
     features: FeatureMap = payload["features"]
     n_blocks = payload["n_blocks"]
     encoding: TargetEncoding = payload["encoding"]
-    nbytes = chunk.X.shape[0] * n_blocks * features.block_size * np.dtype(features.dtype).itemsize
-    full = cache.lookup_or_fill((chunk.key, features, n_blocks, "eigenpro-rf"),
-                                lambda: features.transform(chunk.X, n_blocks), nbytes,
-                                owner=chunk.run)
-    if full is None:
-        Z = features.transform(chunk.X_rows, n_blocks)
-    else:
-        Z = full if chunk.rows is None else full[chunk.rows]
-    xp = namespace(Z)
-    theta = asarray_like(payload["theta"], Z)
-    r = Z @ theta - encoding.encode(chunk.y_rows, Z.dtype)
-    return {"grad": to_numpy(Z.T @ r).astype(np.float64), "loss": float(xp.sum(r * r)),
-            "count": Z.shape[0]}
+    B = features.block_size
+    Phi = pool_rows(features, chunk, n_blocks)
+    xp = namespace(Phi)
+    s = Phi.dtype.type(1.0 / math.sqrt(n_blocks * B))
+    theta = asarray_like(payload["theta"], Phi) * s  # Z theta = Phi (theta / sqrt(D))
+    r = -encoding.encode(chunk.y_rows, Phi.dtype)
+    for j in range(n_blocks):
+        r += Phi[j] @ theta[j * B : (j + 1) * B]
+    grad = np.empty((n_blocks * B, r.shape[1]), dtype=np.float64)
+    for j in range(n_blocks):
+        grad[j * B : (j + 1) * B] = to_numpy(Phi[j].T @ r) * float(s)
+    return {"grad": grad, "loss": float(xp.sum(r * r)), "count": int(Phi.shape[1])}
+
+
+def default_batch(lanes: int, n_features: int, n_rows: int) -> int:
+    """Rows of a step when the user gives none: ``lanes`` x the rows whose D
+    float32 features fill ``_STEP_BUFFER_BYTES`` (clipped to [1024, 16384]):
+    a step's compute then dwarfs its fixed cost (DESIGN 5) and the buffer
+    is reused, not paged in, every step."""
+    per_lane = min(16384, max(1024, _STEP_BUFFER_BYTES // (4 * int(n_features))))
+    return max(1, min(int(n_rows), int(lanes) * per_lane))
+
+
+#: One lane's step buffer: 128 MB of float32 features, ~65 ms of compute at
+#: D = 2048, d = 32 on one core against a fixed cost of 25-60 ms a step.
+_STEP_BUFFER_BYTES = 128 << 20
 
 
 @dataclass
@@ -104,6 +151,7 @@ class FeatureEigenProProgram(StepProgram):
 
     partial = staticmethod(eigenpro_rf_partial)
     wants_chunk = True
+    supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
@@ -116,12 +164,17 @@ class FeatureEigenProProgram(StepProgram):
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         m = int(total["count"])
         eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
+        eta *= state.get("step_scale", 1.0)
         theta = state["theta"]
         theta -= eta * self.preconditioner.apply(total["grad"] / m)  # Table 1, line 7
-        return {"theta": theta}
+        return {**state, "theta": theta}
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         return self.stop
+
+    def divergence_hint(self) -> str:
+        return (f"set a smaller step_size or damping, or a larger bandwidth "
+                f"(now {self.features.bandwidth:.3g})")
 
     def fingerprint(self) -> dict[str, Any]:
         return {"solver": "eigenpro-rf", "features": self.features.to_dict(), "n_blocks": self.n_blocks,

@@ -1,0 +1,120 @@
+"""Scale: preconditioners from subsamples, bounded samples, stores written by
+the workers, and the step width that follows the cluster."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dkernel.data import open_dataset
+from dkernel.data.store import write_store
+from dkernel.engine import Engine
+from dkernel.features import FeatureMap
+from dkernel.linalg import dense_eigensystem
+from dkernel.solvers.eigenpro_rf import feature_block
+
+
+def test_float32_preconditioner_eigenvalues_agree_with_float64(client):
+    # EigenPro-RF's preconditioner forms z^T z in float32: its top eigenvalues,
+    # lambda_{q+1} included, must match the float64 Gram.  float32 products of
+    # 2000 rows round each entry to ~1e-7 relative; the eigenvalues move by at
+    # most |dA|_2, measured below 1e-5 relative down to lambda_100 (1e-4 allowed).
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((2000, 8)).astype(np.float32)
+    features = FeatureMap("gaussian", 2.0, 8, 256)
+    data = open_dataset(S, chunk_rows=250)
+    params = {"features": features, "n_blocks": 2}
+    engine = Engine(client)
+    e32 = dense_eigensystem(engine, data, feature_block, params, 100, dtype="float32")
+    e64 = dense_eigensystem(engine, data, feature_block, params, 100, dtype="float64")
+    np.testing.assert_allclose(e32.values, e64.values, rtol=1e-4)
+    Z = features.transform(S, 2).astype(np.float64)
+    exact = np.linalg.eigvalsh(Z.T @ Z / len(S))[::-1][:100]
+    np.testing.assert_allclose(e64.values, exact, rtol=1e-8, atol=1e-12)
+
+
+def test_a_sample_reads_a_bounded_number_of_chunks(tmp_path):
+    from dkernel.estimators.base import _SAMPLE_CHUNKS, sample_index
+
+    X = np.zeros((200 * 100, 2), np.float32)
+    many = open_dataset(write_store(tmp_path / "many.zarr", X, chunk_rows=100))
+    idx = sample_index(many, 0, 4000, 1)
+    assert len(idx) == 4000 and len(np.unique(idx)) == 4000
+    assert len(np.unique(idx // 100)) <= _SAMPLE_CHUNKS  # 64 of the 200 chunks, not all
+    few = open_dataset(write_store(tmp_path / "few.zarr", X[:6000], chunk_rows=100))
+    assert len(np.unique(sample_index(few, 0, 1000, 1) // 100)) > 55  # all 60: uniform
+
+
+def test_eigenpro_rf_preconditioner_uses_a_subsample_and_records_the_width(client):
+    from dkernel import EigenProRegressor
+    from dkernel.datasets.synthetic import make_dai_ridge
+
+    X, y = make_dai_ridge(20000, 4)
+    m = EigenProRegressor(n_features=512, n_epochs=1, subsample_size=3000, client=client).fit(X, y)
+    assert m.subsample_size_ == 3000
+    assert m.lanes_ == 2 and m.batch_size_ >= 1
+    Xt, yt = make_dai_ridge(4000, 4, random_state=1)
+    assert m.score(Xt, yt) > 0.3
+
+
+def test_make_store_command_writes_the_store_on_the_workers(client, tmp_path, capsys):
+    from dkernel.cli import main
+    from dkernel.datasets import make_store
+
+    out = tmp_path / "big.zarr"
+    addr = client.scheduler.address
+    before = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+    assert main(["make-store", str(out), "--rows", "10000", "--inputs", "5", "--chunk-rows", "1000",
+                 "--seed", "3", "--quiet", "--scheduler", addr]) == 0
+    after = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+    assert after - before >= 10  # one task per chunk, run by the workers
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["rows"] == 10000 and report["x_bytes"] == 10000 * 5 * 4
+    here = make_store(tmp_path / "here.zarr", 10000, 5, chunk_rows=1000, kind="regression",
+                      random_state=3)
+    a, b = open_dataset(str(out)), open_dataset(here)
+    assert a.row_chunks == b.row_chunks
+    assert np.array_equal(a.X.compute(), b.X.compute()) and np.array_equal(a.y.compute(), b.y.compute())
+    # refuses to overwrite, and leaves no temporary store behind
+    assert main(["make-store", str(out), "--rows", "10", "--quiet", "--scheduler", addr]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.zarr", "here.zarr"]
+
+
+def test_lanes_auto_follows_the_cluster_and_the_recorded_width_reproduces_the_fit(client):
+    from distributed import Client, LocalCluster
+
+    from dkernel import DSGRegressor
+    from dkernel.datasets.synthetic import make_dai_ridge
+
+    X, y = make_dai_ridge(16000, 3)
+    kw = dict(bandwidth=1.0, n_features=256, n_epochs=1, batch_size=2048)
+    two = DSGRegressor(client=client, **kw).fit(X, y)
+    assert two.lanes_ == 2
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cl, \
+            Client(cl, set_as_default=False) as one:
+        auto = DSGRegressor(client=one, **kw).fit(X, y)
+        again = DSGRegressor(client=one, lanes=two.lanes_, **kw).fit(X, y)
+    assert auto.lanes_ == 1
+    assert np.array_equal(again.coef_, two.coef_)
+
+
+@pytest.mark.parametrize("n_chunks", [130])
+def test_scan_holds_a_bounded_window_of_chunks(client, tmp_path, n_chunks):
+    # Engine.scan threads a state through every chunk; the chunks alive at once
+    # stay within its window whatever the number of chunks
+    X = np.arange(n_chunks * 10 * 3, dtype=np.float32).reshape(-1, 3)
+    data = open_dataset(write_store(tmp_path / "s.zarr", X, chunk_rows=10))
+    engine = Engine(client)
+    total = engine.scan(data, _prepare_sum, _fold_sum, np.zeros(3), window=4)
+    np.testing.assert_allclose(total, X.astype(np.float64).sum(axis=0))
+    assert engine.peak_live <= 4
+
+
+def _prepare_sum(payload, X, y):
+    return X.astype(np.float64).sum(axis=0)
+
+
+def _fold_sum(state, prepared, payload):
+    return state + prepared
