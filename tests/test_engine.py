@@ -122,7 +122,9 @@ def test_scan_threads_state_through_chunks_in_order(client):
 def test_same_seed_gives_bit_identical_model_on_one_or_two_workers(client):
     X, y = make_blobs_classification(1200, 6)
     Xd, yd = da.from_array(X, chunks=(300, 6)), da.from_array(y, chunks=300)
-    kw = dict(n_features=512, block_size=128, n_epochs=2, batch_size=128, bandwidth=2.0, random_state=5)
+    # lanes given: the width is what the model depends on ("auto" follows the cluster)
+    kw = dict(n_features=512, block_size=128, n_epochs=2, batch_size=128, bandwidth=2.0, random_state=5,
+              lanes=4)
     two = DSGClassifier(client=client, **kw).fit(Xd, yd)
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as one_client:

@@ -19,6 +19,7 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from concurrent.futures import CancelledError
@@ -240,7 +241,7 @@ class Engine:
             if step + per_epoch[epoch] <= start:
                 step += per_epoch[epoch]
                 continue
-            seen = {"loss": 0.0, "rows": 0, "steps": 0, "t0": time.perf_counter()}
+            seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter()}
             groups = [g for g in plan.groups(epoch)]
             todo, skipped = [], step
             for g in groups:  # groups fully before the resume point are not loaded
@@ -286,7 +287,9 @@ class Engine:
                     step += 1
                     seen["steps"] += 1
                     seen["rows"] += int(total.get("count", 0))
-                    seen["loss"] += float(np.sum(total.get("loss", 0.0)))
+                    if "loss" in total:
+                        seen["loss"] += float(np.sum(total["loss"]))
+                        seen["loss_rows"] += int(total.get("count", 0))
                     if ckpt.due(step):
                         ckpt.save(state, step)
                     rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
@@ -294,7 +297,7 @@ class Engine:
                 del current
             self.history.append({
                 "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
-                "loss": seen["loss"] / seen["rows"] if seen["rows"] else None,
+                "loss": seen["loss"] / seen["loss_rows"] if seen["loss_rows"] else None,
                 "seconds": time.perf_counter() - seen["t0"]})
             if on_epoch is not None:
                 on_epoch(state, epoch)
@@ -443,7 +446,7 @@ _SCATTER_BYTES = 8 << 20
 
 def _key_label(label: str) -> str:
     """A task-key prefix from a progress label ("kcca preconditioner" -> "kcca-preconditioner")."""
-    return "-".join(label.split()) or "pass"
+    return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-") or "pass"
 
 
 def _ship(client: Client, payload: Any) -> Any:

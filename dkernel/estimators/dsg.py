@@ -200,7 +200,7 @@ class _DSGBase(BaseEstimator):
             self.step_size_ = float(self.step_size)
         return DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha), self.step_size_,
                           float(self.step_decay), preconditioner=pre, beta=beta,
-                          batch_size=self.batch_size_)
+                          batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1)
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self.features_ = features

@@ -209,7 +209,8 @@ class _EigenProBase(BaseEstimator):
         q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
-        program = FeatureEigenProProgram(features, n_blocks, pre, encoding, beta)
+        program = FeatureEigenProProgram(features, n_blocks, pre, encoding, beta,
+                                         cache_blocks=int(self.n_epochs) > 1)
         if self.step_size is not None:
             program.eta_override = float(self.step_size)
         evaluate = None

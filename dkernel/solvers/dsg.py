@@ -111,7 +111,7 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     block = payload["block"]
     Y = encoding.encode(chunk.y_rows, dt)
     if block is None:
-        return _pool_partial(features, chunk, coef, Y, payload["loss"])
+        return _pool_partial(features, chunk, coef, Y, payload["loss"], payload.get("cache", True))
     f = chunk_decision(features, chunk, coef)  # f(x_b) over every active block
     value, dl = get_loss(payload["loss"])(f, Y)
     phi = block_rows(features, chunk, block)
@@ -122,11 +122,13 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
 _scratch = threading.local()
 
 
-def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int) -> Any:
+def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int, use_cache: bool = True) -> Any:
     """Phi(X_c[rows]) for the whole pool as (n_blocks, rows, B), built once per
     step in a per-thread buffer that is reused across steps (fresh pages
     cost seconds per GB here, DESIGN 4): cached blocks are gathered into it,
-    the others generated into it."""
+    the others generated into it.  ``use_cache=False`` (a single epoch, where
+    a chunk's blocks are never read again) neither reads nor fills the
+    worker cache: filling it would only page in memory for nothing."""
     B = features.block_size
     m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
     xp = namespace(chunk.X)
@@ -141,8 +143,8 @@ def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int) -> Any:
     X_rows = None
     for j in range(n_blocks):
         nbytes = chunk.X.shape[0] * B * Phi.itemsize
-        full = cache.lookup_or_fill((chunk.key, features, j), lambda j=j: features.block(chunk.X, j),
-                                    nbytes, owner=chunk.run)
+        full = None if not use_cache else cache.lookup_or_fill(
+            (chunk.key, features, j), lambda j=j: features.block(chunk.X, j), nbytes, owner=chunk.run)
         if full is None:
             X_rows = chunk.X_rows if X_rows is None else X_rows
             features.blocks(X_rows, [j], out=Phi[j])
@@ -153,10 +155,11 @@ def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int) -> Any:
     return Phi
 
 
-def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str) -> dict:
+def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str,
+                  use_cache: bool) -> dict:
     B = features.block_size
     n_blocks = coef.shape[0] // B
-    Phi = pool_rows(features, chunk, n_blocks)
+    Phi = pool_rows(features, chunk, n_blocks, use_cache)
     xp = namespace(Phi)
     f = xp.zeros((Phi.shape[1], coef.shape[1]), dtype=Phi.dtype)
     for j in range(n_blocks):
@@ -191,6 +194,8 @@ class DSGProgram(StepProgram):
     #: beta = max |z(x)|^2 over the preconditioner's sample (pool mode)
     beta: float = 1.0
     batch_size: int = 1
+    #: keep feature blocks in the worker cache (worth it when epochs revisit them)
+    cache_blocks: bool = True
 
     partial = staticmethod(dsg_partial)
     wants_chunk = True
@@ -205,7 +210,7 @@ class DSGProgram(StepProgram):
         if self.preconditioner is not None:
             coef = (state["coef"] * state["scale"]).astype(self.features.dtype)
             return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
-                    "coef": coef, "block": None}
+                    "coef": coef, "block": None, "cache": self.cache_blocks}
         active = min(step, self.n_blocks)  # blocks that already carry weight
         coef = (state["coef"][: active * B] * state["scale"]).astype(self.features.dtype)
         return {"features": self.features, "encoding": self.encoding, "loss": self.loss,

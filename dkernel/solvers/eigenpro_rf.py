@@ -109,7 +109,7 @@ def eigenpro_rf_partial(payload: dict, chunk: Chunk) -> dict:
     n_blocks = payload["n_blocks"]
     encoding: TargetEncoding = payload["encoding"]
     B = features.block_size
-    Phi = pool_rows(features, chunk, n_blocks)
+    Phi = pool_rows(features, chunk, n_blocks, payload.get("cache", True))
     xp = namespace(Phi)
     s = Phi.dtype.type(1.0 / math.sqrt(n_blocks * B))
     theta = asarray_like(payload["theta"], Phi) * s  # Z theta = Phi (theta / sqrt(D))
@@ -148,6 +148,8 @@ class FeatureEigenProProgram(StepProgram):
     eta_override: float | None = None
     #: set by early stopping; read by the engine after each epoch.
     stop: bool = False
+    #: keep feature blocks in the worker cache (worth it when epochs revisit them)
+    cache_blocks: bool = True
 
     partial = staticmethod(eigenpro_rf_partial)
     wants_chunk = True
@@ -159,7 +161,7 @@ class FeatureEigenProProgram(StepProgram):
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         return {"features": self.features, "n_blocks": self.n_blocks, "encoding": self.encoding,
-                "theta": state["theta"].astype(self.features.dtype)}
+                "theta": state["theta"].astype(self.features.dtype), "cache": self.cache_blocks}
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         m = int(total["count"])
