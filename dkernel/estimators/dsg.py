@@ -20,6 +20,14 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     sample_rows,
 )
+from dkernel.estimators.history import (
+    EpochMonitor,
+    check_early_stopping_params,
+    history_meta,
+    set_history,
+    split_validation,
+    validation_score,
+)
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
@@ -65,6 +73,23 @@ _DOC_PARAMS = """
     checkpoint : str, optional
         Checkpoint file written every ``checkpoint_every`` steps; with
         ``resume=True`` a fit continues from it and ends with the same model.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the rows, score the model on them
+        after each epoch (accuracy, or R^2 for regression), stop after
+        ``n_iter_no_change`` epochs without improvement and keep the best
+        epoch's coefficients (as :class:`EigenProClassifier` does).
+    validation_fraction : float, default=0.1
+    n_iter_no_change : int, default=2
+"""
+
+_DOC_ATTRIBUTES = """    history_ : list of dict
+        Per epoch: ``epoch``, ``loss`` (mean loss of the mini-batches, before
+        each step), ``steps``, ``rows``, ``seconds`` and, with early stopping,
+        ``validation_score``.
+    validation_scores_ : list of float
+        The validation scores (early stopping only; empty otherwise).
+    best_epoch_ : int or None
+        Epoch whose coefficients were kept (early stopping), else None.
 """
 
 
@@ -78,7 +103,8 @@ class _DSGBase(BaseEstimator):
                  step_size: float | str = "auto", step_decay: float = 1e-3, lanes: int = 4,
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False, early_stopping: bool = False,
+                 validation_fraction: float = 0.1, n_iter_no_change: int = 2) -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
         self.n_features = n_features
@@ -96,6 +122,9 @@ class _DSGBase(BaseEstimator):
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.resume = resume
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
 
     def _check_params(self) -> None:
         check_common_params(self)
@@ -104,6 +133,7 @@ class _DSGBase(BaseEstimator):
             check_positive("step_size", self.step_size)
         check_positive("step_decay", self.step_decay, allow_zero=True)
         check_positive("lanes", self.lanes, integer=True)
+        check_early_stopping_params(self)
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
@@ -134,11 +164,37 @@ class _DSGBase(BaseEstimator):
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
             program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
                                  self.step_size_, float(self.step_decay))
-            state = Engine(client, self._engine_options()).run_steps(
+            engine = Engine(client, self._engine_options())
+            data, monitor = self._epoch_monitor(engine, program, data, features, encoding)
+            state = engine.run_steps(
                 data, program, n_epochs=int(self.n_epochs), batch_size=int(self.batch_size),
-                random_state=int(self.random_state))
+                random_state=int(self.random_state), on_epoch=monitor)
+            state = self._keep_history(monitor, state)
         self._set_fitted(features, encoding, state["coef"] * state["scale"])
         return self
+
+    # history and early stopping (dkernel.estimators.history) --------------------
+    def _epoch_monitor(self, engine: Engine, program: DSGProgram, data: Any, features: FeatureMap,
+                       encoding: TargetEncoding) -> tuple[Any, EpochMonitor]:
+        """The training rows and the per-epoch callback: with early stopping,
+        ``validation_fraction`` of the rows are held out and scored each epoch."""
+        evaluate = None
+        if self.early_stopping:
+            data, val = split_validation(data, self.validation_fraction, int(self.random_state))
+
+            def evaluate(state: dict) -> float:
+                coef = (state["coef"] * state["scale"]).astype(features.dtype)
+                spec = {"features": features, "coef": coef}
+                return validation_score(engine, val, self._task, _decision_spec, spec,
+                                        encoding.classes, encoding.offset)
+        return data, EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
+
+    def _keep_history(self, monitor: EpochMonitor, state: dict) -> dict:
+        self.history_ = monitor.history()
+        self.validation_scores_ = [e["validation_score"] for e in self.history_
+                                   if "validation_score" in e]
+        self.best_epoch_ = monitor.best_epoch
+        return monitor.final_state(state)
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self.features_ = features
@@ -164,19 +220,24 @@ class _DSGBase(BaseEstimator):
         return ({"coef": self.coef_, "classes": np.asarray(e.classes),
                  "offset": np.asarray(e.offset, dtype=np.float64)},
                 {"features": self.features_.to_dict(), "encoding": e.kind,
-                 "step_size_": self.step_size_})
+                 "step_size_": self.step_size_, **history_meta(self)})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
                              tuple(arrays["offset"].tolist()))
         self._set_fitted(FeatureMap(**meta["features"]), enc, arrays["coef"])
         self.step_size_ = meta["step_size_"]
+        set_history(self, meta)
         if enc.kind != "regression":
             self.classes_ = arrays["classes"]
 
 
 def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
     return decision(features, coef, Xb.astype(features.dtype, copy=False))
+
+
+def _decision_spec(Xb: Any, spec: dict) -> Any:
+    return _decision_block(Xb, spec["features"], spec["coef"])
 
 
 class DSGRegressor(_DSGBase):
@@ -194,7 +255,7 @@ class DSGRegressor(_DSGBase):
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
     n_features_in_ : int
-
+{_DOC_ATTRIBUTES}
     Examples
     --------
     >>> import numpy as np
@@ -249,7 +310,7 @@ class DSGClassifier(_DSGBase):
     classes_ : ndarray
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
-    """
+{_DOC_ATTRIBUTES}    """
     _task = "classification"
     _default_loss = "softmax"
 
