@@ -385,3 +385,22 @@ def test_outputs_in_object_stores_are_not_replaced_without_overwrite(labelled, c
                  "--quiet"]) == 0
     with pytest.raises(FileExistsError, match="already exists"):
         write_store(url, np.zeros((4, 2), np.float32))
+
+
+def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
+    from dkernel.engine.checkpoint import Checkpointer
+
+    X, y = make_blobs_classification(50, 4)
+    write_store(tmp_path / "data" / "train.zarr", X, y, chunk_rows=25)
+    write_store(tmp_path / "data" / "test.zarr", X[:10], chunk_rows=25)
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "data"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "folder" and set(info["stores"]) == {"train.zarr", "test.zarr"}
+    assert info["stores"]["train.zarr"]["n_rows"] == 50 and info["stores"]["test.zarr"]["y"] is None
+    ckpt = tmp_path / "m.ckpt.npz"
+    Checkpointer(ckpt, 1, {"solver": "dsg"}).save({"coef": np.zeros((4, 2)), "scale": 1.0}, 7)
+    assert main(["info", str(ckpt), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "checkpoint" and info["step"] == 7
+    assert info["arrays"]["coef"][0] == [4, 2]

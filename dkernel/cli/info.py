@@ -66,6 +66,13 @@ def _file_info(path: str) -> dict[str, Any]:
 def _store_info(path: str) -> dict[str, Any]:
     from dkernel.data.dataset import _open_zarr_group
 
+    if os.path.isdir(path) and not _is_zarr(path):
+        # a folder of stores, as 'dkernel ingest fashion-mnist' or 'dkernel demo' write
+        stores = sorted(n for n in os.listdir(path) if _is_zarr(os.path.join(path, n)))
+        if stores:
+            return {"kind": "folder", "path": path,
+                    "stores": {n: _store_info(os.path.join(path, n)) for n in stores}}
+
     group = _open_zarr_group(path, None)
     names = sorted(group.array_keys())
     arrays = {
@@ -110,3 +117,7 @@ def _store_info(path: str) -> dict[str, Any]:
     if attrs:
         info["attrs"] = attrs
     return info
+
+
+def _is_zarr(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, f)) for f in ("zarr.json", ".zgroup", ".zarray"))
