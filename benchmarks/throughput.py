@@ -130,6 +130,31 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client) -> dict
     return out
 
 
+def preconditioner_seconds(client, store: str, n_features: int) -> dict:
+    """EigenPro-RF's preconditioner alone (sample + features + eigensystem), as
+    EigenProRegressor builds it by default: its cost should not grow with n."""
+    from dkernel.data import open_dataset
+    from dkernel.engine import Engine
+    from dkernel.estimators.base import sample_rows
+    from dkernel.estimators.eigenpro import _RF_SUBSAMPLE
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
+
+    data = open_dataset(store)
+    engine = Engine(client)
+    B = 1024
+    features = FeatureMap("gaussian", 8.0, data.n_inputs, B)
+    t0 = time.perf_counter()
+    sample = sample_rows(data, 0, client, size=_RF_SUBSAMPLE)
+    t1 = time.perf_counter()
+    pre, _, _ = feature_preconditioner(engine, sample, features, n_features // B, 1001,
+                                       default_batch(engine.n_workers(), n_features, data.n_rows),
+                                       0.25, 0)
+    t2 = time.perf_counter()
+    return {"rows": data.n_rows, "sample_seconds": t1 - t0, "eigensystem_seconds": t2 - t1,
+            "seconds": t2 - t0, "q": pre.q}
+
+
 def run(n_workers: int, args, store: str, test: tuple) -> dict:
     from distributed import Client, LocalCluster
 
@@ -163,6 +188,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"], choices=["dsg", "eigenpro"])
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
+    p.add_argument("--precond-rows", type=int, nargs="*", default=[1_000_000, 10_000_000],
+                   help="store sizes on which to time EigenPro-RF's preconditioner alone")
     args = p.parse_args()
 
     import numpy as np
@@ -190,6 +217,22 @@ def main() -> None:
                               for k in args.solvers}
         for k, v in results["scaling"].items():
             print(f"{k}: {args.workers} workers / 1 worker rows/s = {v:.2f}")
+    if args.precond_rows:
+        from distributed import Client, LocalCluster
+
+        results["preconditioner"] = []
+        with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0",
+                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+            for rows in args.precond_rows:
+                path = os.path.join(args.data, f"train-{rows}x{args.inputs}.zarr")
+                if not os.path.exists(path):
+                    make_store(path, rows, args.inputs, chunk_rows=args.chunk_rows,
+                               kind="regression", client=client)
+                r = preconditioner_seconds(client, path, args.features)
+                results["preconditioner"].append(r)
+                print(f"EigenPro-RF preconditioner on {rows:,} rows: {r['seconds']:.1f} s "
+                      f"(sample {r['sample_seconds']:.1f} s, eigensystem {r['eigensystem_seconds']:.1f} s, "
+                      f"q = {r['q']})", flush=True)
     print(json.dumps(results))
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import zarr
 
 from dkernel import load_model
@@ -21,9 +23,34 @@ def test_fit_predict_evaluate_info_on_stores(client, tmp_path, capsys):
     train = write_store(tmp_path / "train.zarr", X, y, chunk_rows=500)
     test = write_store(tmp_path / "test.zarr", Xt, yt, chunk_rows=200)
     model = str(tmp_path / "model.npz")
-    assert main(["fit", train, "--solver", "dsg", "--task", "classification", "--kernel", "gaussian",
-                 "--bandwidth", "2", "--features", "512", "--epochs", "4", "--step-size", "50",
-                 "--out", model, "--seed", "3", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                train,
+                "--solver",
+                "dsg",
+                "--task",
+                "classification",
+                "--kernel",
+                "gaussian",
+                "--bandwidth",
+                "2",
+                "--features",
+                "512",
+                "--epochs",
+                "4",
+                "--step-size",
+                "50",
+                "--out",
+                model,
+                "--seed",
+                "3",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     m = load_model(model)
     assert m.random_state == 3 and m.bandwidth_ == 2.0
 
@@ -60,14 +87,300 @@ def test_regression_evaluate_reports_mse(client, tmp_path, capsys):
 def test_demo_runs_the_main_job_end_to_end(client, tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "demo"), "--rows", "4000", "--epochs", "3"]) == 0
     out = capsys.readouterr().out
-    acc = json.loads(out[out.index("test metrics: ") + 14:].splitlines()[0])["accuracy"]
+    acc = json.loads(out[out.index("test metrics: ") + 14 :].splitlines()[0])["accuracy"]
     assert acc > 0.6
     assert (tmp_path / "demo" / "model.npz").exists()
 
 
 def test_console_script_errors_have_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dkernel", "info", str(tmp_path / "nope.zarr")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dkernel", "info", str(tmp_path / "nope.zarr")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("dkernel: error: no dataset store")
     assert "Traceback" not in proc.stderr
+
+
+# --- refusals: what the command line cannot honour is a one-line error, exit 1 ---------------
+
+
+def _fails(capsys, argv, message):
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert err.count("\n") == 1 and err.startswith("dkernel: error: ")
+
+
+@pytest.fixture(scope="module")
+def labelled(client, tmp_path_factory):
+    """A small labelled store, a continuous-target store and a DSG classifier
+    fitted on the first by the CLI (with early stopping, so it has a history)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    X, y = make_blobs_classification(1200, 4)
+    train = write_store(tmp / "train.zarr", X, y, chunk_rows=300)
+    Xr, yr = make_dai_ridge(300, 4)
+    continuous = write_store(tmp / "continuous.zarr", Xr, yr, chunk_rows=300)
+    model = str(tmp / "model.npz")
+    assert (
+        main(
+            [
+                "fit",
+                train,
+                "--bandwidth",
+                "2",
+                "--features",
+                "256",
+                "--epochs",
+                "3",
+                "--early-stopping",
+                "--n-iter-no-change",
+                "3",
+                "--out",
+                model,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    return {"dir": tmp, "train": train, "continuous": continuous, "model": model}
+
+
+def test_fit_sphere_refuses_classification(labelled, capsys):
+    out = labelled["dir"] / "sphere.npz"
+    _fails(
+        capsys,
+        [
+            "fit",
+            labelled["train"],
+            "--solver",
+            "sphere",
+            "--task",
+            "classification",
+            "--out",
+            str(out),
+        ],
+        "--solver sphere fits regression only",
+    )
+    assert not out.exists()
+
+
+def test_fit_kcca_refuses_a_labelled_store_unless_y_is_declared_a_view(labelled, capsys):
+    _fails(
+        capsys,
+        ["fit", labelled["train"], "--solver", "kcca", "--out", str(labelled["dir"] / "c.npz")],
+        "--solver kcca needs two views",
+    )
+    _fails(
+        capsys,
+        ["fit", labelled["train"], "--solver", "ksvd", "--out", str(labelled["dir"] / "c.npz")],
+        "confirmed by --y-view",
+    )
+
+
+@pytest.mark.parametrize(
+    "solver, extra, flag",
+    [
+        ("sphere", ["--kernel", "laplacian"], "--kernel"),
+        ("sphere", ["--seed", "3"], "--seed"),
+        ("kpca", ["--task", "regression"], "--task"),
+        ("oja", ["--epochs", "3"], "--epochs"),
+        ("kpca", ["--y-view"], "--y-view"),
+        ("kpca", ["--early-stopping"], "--early-stopping"),
+    ],
+)
+def test_fit_refuses_an_option_the_solver_does_not_take(labelled, capsys, solver, extra, flag):
+    _fails(
+        capsys,
+        [
+            "fit",
+            labelled["train"],
+            "--solver",
+            solver,
+            *extra,
+            "--out",
+            str(labelled["dir"] / "x.npz"),
+        ],
+        f"{flag} does not apply to --solver {solver}",
+    )
+
+
+def test_fit_refuses_a_checkpoint_file_it_would_not_use(labelled, capsys):
+    _fails(
+        capsys,
+        [
+            "fit",
+            labelled["train"],
+            "--checkpoint",
+            str(labelled["dir"] / "c.ckpt.npz"),
+            "--out",
+            str(labelled["dir"] / "x.npz"),
+        ],
+        "--checkpoint names the file of",
+    )
+
+
+def test_evaluate_refuses_a_classifier_on_continuous_targets(labelled, capsys):
+    _fails(
+        capsys,
+        ["evaluate", labelled["model"], labelled["continuous"]],
+        "not among DSGClassifier's classes [0, 1, 2]",
+    )
+
+
+@pytest.mark.parametrize("command", ["fit", "predict", "transform", "ingest", "plot", "demo"])
+def test_every_command_that_writes_refuses_an_existing_output_without_overwrite(
+    labelled, capsys, tmp_path, command
+):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (tmp_path / "t.csv").write_text("1,2,0\n3,4,1\n")
+    argv = {
+        "fit": ["fit", labelled["train"], "--out", str(tmp_path / "m.npz")],
+        "predict": ["predict", labelled["model"], labelled["train"], "--out", str(out)],
+        "transform": ["transform", labelled["model"], labelled["train"], "--out", str(out)],
+        "ingest": ["ingest", str(tmp_path / "t.csv"), "--out", str(out)],
+        "plot": ["plot", labelled["model"], "--out", str(tmp_path / "m.npz")],
+        "demo": ["demo", "--out", str(tmp_path)],
+    }[command]
+    (tmp_path / "m.npz").write_bytes(b"keep")
+    (tmp_path / "model.npz").write_bytes(b"keep")
+    _fails(capsys, argv, "already exists; pass --overwrite to replace it")
+    assert (tmp_path / "m.npz").read_bytes() == b"keep" and not any(out.iterdir())
+
+
+def test_predict_overwrites_with_overwrite_and_info_describes_the_prediction_store(
+    labelled, capsys
+):
+    pred = str(labelled["dir"] / "pred.zarr")
+    for extra in ([], ["--overwrite"]):
+        assert (
+            main(
+                ["predict", labelled["model"], labelled["train"], "--out", pred, "--quiet", *extra]
+            )
+            == 0
+        )
+    capsys.readouterr()
+    assert main(["info", pred, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "predictions" and info["n_rows"] == 1200
+    assert info["arrays"]["y_pred"]["shape"] == [1200]
+    assert info["attrs"]["estimator"] == "DSGClassifier"
+    assert main(["info", pred]) == 0
+    assert "kind: predictions" in capsys.readouterr().out
+
+
+def test_model_info_and_plot_show_the_training_history(labelled, capsys):
+    capsys.readouterr()
+    assert main(["info", labelled["model"], "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [e["epoch"] for e in info["history"]] == [1, 2, 3]
+    assert all(0 <= e["validation_score"] <= 1 for e in info["history"])
+    assert main(["info", labelled["model"]]) == 0
+    assert "history: 3 epoch(s); last: " in capsys.readouterr().out
+    pytest.importorskip("matplotlib", reason="dkernel plot needs the plot extra (matplotlib)")
+    fig = labelled["dir"] / "curve.png"
+    assert main(["plot", labelled["model"], "--out", str(fig), "--quiet"]) == 0
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_command_and_option_has_help_defaults_shown_and_quiet(capsys):
+    from dkernel.cli import build_parser
+
+    parser = build_parser()
+    assert main.__module__ == "dkernel.cli"
+    top = parser.format_help()
+    assert "``" not in top and ":class:" not in top
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        assert "``" not in text, name
+        assert p.description, name
+        for action in p._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+        flags = {f for a in p._actions for f in a.option_strings}
+        assert "--quiet" in flags, name
+        if name not in ("plot",):  # plot prints no numbers
+            assert "--json" in flags, name
+    fit_help = " ".join(sub.choices["fit"].format_help().split())
+    assert (
+        "(default: dsg)" in fit_help and "(default: 0)" in fit_help
+    )  # --solver, --checkpoint-every
+    ingest_flags = {f for a in sub.choices["ingest"]._actions for f in a.option_strings}
+    assert "--n-inputs" in ingest_flags and "--n-features" not in ingest_flags
+
+
+def test_json_output_of_fit_and_ingest(labelled, capsys, tmp_path):
+    (tmp_path / "t.csv").write_text("1,2,0\n3,4,1\n5,6,0\n")
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "ingest",
+                str(tmp_path / "t.csv"),
+                "--out",
+                str(tmp_path / "t.zarr"),
+                "--json",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["outputs"][0]["X"]["shape"] == [3, 2] and captured.err == ""
+    assert (
+        main(
+            [
+                "fit",
+                str(tmp_path / "t.zarr"),
+                "--bandwidth",
+                "1",
+                "--features",
+                "16",
+                "--epochs",
+                "2",
+                "--out",
+                str(tmp_path / "m.npz"),
+                "--json",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["estimator"] == "DSGClassifier" and len(result["history"]) == 2
+    assert captured.err == ""
+
+
+def test_outputs_in_object_stores_are_not_replaced_without_overwrite(labelled, capsys):
+    url = "memory://dkernel-test/pred.zarr"
+    assert main(["predict", labelled["model"], labelled["train"], "--out", url, "--quiet"]) == 0
+    _fails(capsys, ["predict", labelled["model"], labelled["train"], "--out", url],
+           "already exists; pass --overwrite")
+    assert main(["predict", labelled["model"], labelled["train"], "--out", url, "--overwrite",
+                 "--quiet"]) == 0
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_store(url, np.zeros((4, 2), np.float32))
+
+
+def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
+    from dkernel.engine.checkpoint import Checkpointer
+
+    X, y = make_blobs_classification(50, 4)
+    write_store(tmp_path / "data" / "train.zarr", X, y, chunk_rows=25)
+    write_store(tmp_path / "data" / "test.zarr", X[:10], chunk_rows=25)
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "data"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "folder" and set(info["stores"]) == {"train.zarr", "test.zarr"}
+    assert info["stores"]["train.zarr"]["n_rows"] == 50 and info["stores"]["test.zarr"]["y"] is None
+    ckpt = tmp_path / "m.ckpt.npz"
+    Checkpointer(ckpt, 1, {"solver": "dsg"}).save({"coef": np.zeros((4, 2)), "scale": 1.0}, 7)
+    assert main(["info", str(ckpt), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "checkpoint" and info["step"] == 7
+    assert info["arrays"]["coef"][0] == [4, 2]

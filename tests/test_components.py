@@ -318,6 +318,7 @@ def test_cli_fit_kcca_and_transform_both_views(client, tmp_path, capsys):
                 store,
                 "--solver",
                 "kcca",
+                "--y-view",
                 "--components",
                 "2",
                 "--features",

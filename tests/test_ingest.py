@@ -413,8 +413,8 @@ def test_cli_fashion_mnist_from_a_source_folder(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["bad.csv"], "bad.csv:2: non-numeric value 'q'"),
-    (["bad.csv", "--n-features", "3"], "--n-features applies to libsvm input, not csv"),
-    (["bad.csv", "--format", "libsvm", "--n-features", "3"], "bad.csv:1: non-numeric label '1,2'"),
+    (["bad.csv", "--n-inputs", "3"], "--n-inputs applies to libsvm input, not csv"),
+    (["bad.csv", "--format", "libsvm", "--n-inputs", "3"], "bad.csv:1: non-numeric label '1,2'"),
     (["data.bin"], "cannot tell the format"),
     (["fashion-mnist", "--source", "nowhere"], "not found in nowhere"),
 ])

@@ -67,7 +67,7 @@ def test_make_store_command_writes_the_store_on_the_workers(client, tmp_path, ca
     addr = client.scheduler.address
     before = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
     assert main(["make-store", str(out), "--rows", "10000", "--inputs", "5", "--chunk-rows", "1000",
-                 "--seed", "3", "--quiet", "--scheduler", addr]) == 0
+                 "--seed", "3", "--quiet", "--json", "--scheduler", addr]) == 0
     after = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
     assert after - before >= 10  # one task per chunk, run by the workers
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -10,16 +10,26 @@ import importlib
 import sys
 
 # One module per command family; each exposes register(subparsers).
-_COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "demo")
+_COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
+
+_DESCRIPTION = ("dkernel: kernel methods on Dask. Convert data into a zarr dataset store "
+                "(ingest) or write a synthetic one of any size on the workers (make-store), train a model (fit), apply it (predict, transform, evaluate), "
+                "describe stores and models (info), draw a model's learning curve (plot), "
+                "or run everything on synthetic data (demo).")
+_EPILOG = ("Errors print one line on stderr and exit non-zero; --debug shows the traceback. "
+           "An existing output is never replaced without --overwrite. "
+           "'dkernel COMMAND --help' lists a command's options and their defaults.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dkernel import __version__
+    from dkernel.cli.common import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="dkernel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="dkernel", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"dkernel {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     sub.required = True
     for name in _COMMANDS:
         try:

@@ -1,8 +1,44 @@
-"""Argument helpers shared by the commands (one flag name per idea, DESIGN 1)."""
+"""What the commands share: help formatting, output flags (``--json``,
+``--quiet``, ``--overwrite``) and the overwrite policy (one flag name per
+idea, DESIGN 1)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default after its help, unless the help already
+    says it or there is none to show (None, False: the option is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def add_command(
+    sub: argparse._SubParsersAction, name: str, summary: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A sub-command with the shared help formatter; ``summary`` is its line in
+    ``dkernel --help``, ``description`` (default: the summary) heads its own help."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description or summary[0].upper() + summary[1:] + ".",
+        formatter_class=HelpFormatter,
+    )
 
 
 def bandwidth_arg(text: str) -> float | str:
@@ -16,8 +52,77 @@ def bandwidth_arg(text: str) -> float | str:
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduler", metavar="ADDR",
-                   help="Dask scheduler address (tcp://host:8786); default: $DASK_SCHEDULER_ADDRESS "
-                        "or a new LocalCluster")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes of the embedded LocalCluster (default: one per core)")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDR",
+        help="Dask scheduler address (tcp://host:8786); default: $DASK_SCHEDULER_ADDRESS "
+        "or a new LocalCluster",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes of the embedded LocalCluster (default: one per core)",
+    )
+
+
+def add_output_args(
+    p: argparse.ArgumentParser, *, json_output: bool = True, overwrite: bool = False
+) -> None:
+    """``--quiet`` everywhere; ``--json`` where the command prints numbers;
+    ``--overwrite`` where it writes files."""
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress or status lines on stderr (results still go to stdout)",
+    )
+    if json_output:
+        p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
+
+def check_output(path: str, overwrite: bool, flag: str = "--out") -> None:
+    """The overwrite policy of every command that writes: an existing output is
+    refused unless ``--overwrite`` is given (checked before any work)."""
+    if overwrite:
+        return
+    if "://" in path and not path.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path)
+        exists = fs.exists(root)
+    else:
+        exists = os.path.exists(path.removeprefix("file://"))
+    if exists:
+        raise FileExistsError(
+            f"{flag} {path!r} already exists; pass --overwrite to replace it or choose another path"
+        )
+
+
+def status(args: argparse.Namespace, message: str) -> None:
+    """A status line on stderr, unless ``--quiet``."""
+    if not getattr(args, "quiet", False):
+        print(message, file=sys.stderr, flush=True)
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any], text: list[str] | None = None) -> None:
+    """The command's result on stdout: one JSON object with ``--json``, else
+    ``text`` (default: ``key: value`` lines)."""
+    if getattr(args, "json", False):
+        print(json.dumps(result, default=str))
+        return
+    if text is None:
+        text = [f"{k}: {_show(v)}" for k, v in result.items()]
+    for line in text:
+        print(line)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list) and all(isinstance(x, float) for x in v):
+        return " ".join(f"{x:.4g}" for x in v)
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)

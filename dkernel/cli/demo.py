@@ -1,4 +1,4 @@
-"""``dkernel demo``: the main job end to end on the embedded default.
+"""dkernel demo: the main job end to end on the embedded default.
 
 Creates train/test zarr stores of a synthetic non-linear classification
 problem, starts a LocalCluster, fits a DSG classifier, evaluates it, saves
@@ -12,17 +12,19 @@ import json
 import os
 import time
 
-from dkernel.cli.common import add_cluster_args
+from dkernel.cli.common import add_cluster_args, add_command, add_output_args, check_output, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the main job end to end on a LocalCluster (synthetic data)",
-                       description=__doc__.splitlines()[0])
+    p = add_command(sub, "demo", "run the main job end to end on a LocalCluster (synthetic data)",
+                    "Write synthetic train/test dataset stores, start a LocalCluster, fit a DSG "
+                    "classifier, evaluate and save it, and print the equivalent commands.")
     p.add_argument("--out", default="dkernel-demo", help="folder for the stores and the model")
     p.add_argument("--rows", type=int, default=20000, help="training rows")
-    p.add_argument("--features", type=int, default=2048, help="n_features")
+    p.add_argument("--features", type=int, default=2048, help="n_features, random features")
     p.add_argument("--epochs", type=int, default=5, help="n_epochs")
     p.add_argument("--seed", type=int, default=0, help="random_state")
+    add_output_args(p, overwrite=True)
     add_cluster_args(p)
     p.set_defaults(func=run)
 
@@ -34,30 +36,38 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.datasets import make_store
     from dkernel.engine import connect
 
-    os.makedirs(args.out, exist_ok=True)
     train, test = os.path.join(args.out, "train.zarr"), os.path.join(args.out, "test.zarr")
     model_path = os.path.join(args.out, "model.npz")
+    for path in (train, test, model_path):
+        check_output(path, args.overwrite)
+    os.makedirs(args.out, exist_ok=True)
+    say = (lambda msg: None) if args.json else print  # --json: stdout holds only the result
     with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
-        print(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
-              f"{client.scheduler.address}")
+        say(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
+            f"{client.scheduler.address}")
         t0 = time.perf_counter()
         make_store(train, args.rows, 10, chunk_rows=max(1, args.rows // 8), random_state=args.seed,
                    overwrite=True, client=client)
         make_store(test, max(1000, args.rows // 4), 10, chunk_rows=max(1, args.rows // 8),
                    random_state=args.seed + 1, overwrite=True, client=client)
-        print(f"[2/4] the workers wrote {train} and {test} ({time.perf_counter() - t0:.1f}s)")
+        say(f"[2/4] the workers wrote {train} and {test} ({time.perf_counter() - t0:.1f}s)")
         t1 = time.perf_counter()
-        model = DSGClassifier(n_features=args.features, n_epochs=args.epochs, random_state=args.seed,
-                              bandwidth=2.0, client=client, verbose=True)
+        model = DSGClassifier(n_features=args.features, n_epochs=args.epochs,
+                              random_state=args.seed, bandwidth=2.0, client=client,
+                              verbose=not args.quiet)
         model.fit(train)
-        print(f"[3/4] fitted DSGClassifier (bandwidth {model.bandwidth_:.3g}) in "
+        say(f"[3/4] fitted DSGClassifier (bandwidth {model.bandwidth_:.3g}) in "
               f"{time.perf_counter() - t1:.1f}s")
         model.set_params(client=None)
         model.save(model_path)
         data = open_dataset(test, require_y=True)
         result = metrics(model, data.X, data.y)
-    print(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
-    print("The same with individual commands:\n"
+    if args.json:
+        emit(args, {"model": model_path, "train": train, "test": test,
+                    "seconds": time.perf_counter() - t0, **result})
+        return 0
+    say(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
+    say("The same with individual commands:\n"
           f"  dkernel fit {train} --solver dsg --task classification --bandwidth 2 "
           f"--features {args.features} --epochs {args.epochs} "
           f"--out {model_path}\n"

@@ -4,38 +4,98 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import Any, Callable
+import time
+from collections.abc import Callable
+from typing import Any
 
-from dkernel.cli.common import add_cluster_args, bandwidth_arg
+from dkernel.cli.common import (
+    add_cluster_args,
+    add_command,
+    add_output_args,
+    bandwidth_arg,
+    check_output,
+    emit,
+    status,
+)
+from dkernel.kernels.exact import KERNELS
+
+
+def _given(
+    args: argparse.Namespace, kw: dict[str, Any], pairs: tuple[tuple[str, str], ...]
+) -> dict:
+    """Copy the options the user gave (not None) into the estimator's keywords."""
+    for flag, param in pairs:
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[param] = value
+    return kw
+
+
+#: flag dest -> estimator parameter, for the options most solvers share
+_COMMON = (("kernel", "kernel"), ("bandwidth", "bandwidth"), ("seed", "random_state"))
+_EARLY_STOPPING = (
+    ("early_stopping", "early_stopping"),
+    ("validation_fraction", "validation_fraction"),
+    ("n_iter_no_change", "n_iter_no_change"),
+)
+
+
+def _task(args: argparse.Namespace) -> str:
+    return args.task or "classification"
 
 
 def _build_dsg(args: argparse.Namespace) -> Any:
     from dkernel import DSGClassifier, DSGRegressor
 
-    cls = DSGClassifier if args.task == "classification" else DSGRegressor
-    kw = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
-    for flag, param in (("features", "n_features"), ("epochs", "n_epochs"), ("batch_size", "batch_size"),
-                        ("alpha", "alpha"), ("loss", "loss"), ("block_size", "block_size"),
-                        ("step_size", "step_size"), ("step_decay", "step_decay"), ("lanes", "lanes")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            kw[param] = value
-    if getattr(args, "preconditioner", None) is not None:
+    cls = DSGClassifier if _task(args) == "classification" else DSGRegressor
+    kw: dict[str, Any] = {}
+    if args.preconditioner is not None:
         kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
-    return cls(**kw)
+    return cls(
+        **_given(
+            args,
+            kw,
+            _COMMON
+            + _EARLY_STOPPING
+            + (
+                ("features", "n_features"),
+                ("epochs", "n_epochs"),
+                ("batch_size", "batch_size"),
+                ("alpha", "alpha"),
+                ("loss", "loss"),
+                ("block_size", "block_size"),
+                ("step_size", "step_size"),
+                ("step_decay", "step_decay"),
+                ("lanes", "lanes"),
+            ),
+        )
+    )
 
 
 def _build_sphere(args: argparse.Namespace) -> Any:
     from dkernel import SphereRegressor
 
-    kw: dict[str, Any] = {}
-    for flag, param in (("sphere_s", "s"), ("theta", "theta"), ("eta0", "eta0"), ("step_exponent", "t"),
-                        ("max_degree", "max_degree"), ("input_map", "input_map"), ("scale", "scale"),
-                        ("form", "form"), ("block_size", "block_size"), ("epochs", "n_epochs")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            kw[param] = value
+    if args.task == "classification":
+        raise ValueError(
+            "--solver sphere fits regression only (SphereRegressor); drop "
+            "--task classification, or use --solver dsg or eigenpro to classify"
+        )
+    kw = _given(
+        args,
+        {},
+        (
+            ("sphere_s", "s"),
+            ("theta", "theta"),
+            ("eta0", "eta0"),
+            ("step_exponent", "t"),
+            ("max_degree", "max_degree"),
+            ("input_map", "input_map"),
+            ("scale", "scale"),
+            ("form", "form"),
+            ("block_size", "block_size"),
+            ("epochs", "n_epochs"),
+        ),
+    )
     if getattr(args, "theta", None) is not None and args.theta <= 0:
         kw["theta"] = None  # --theta 0: plain kernel SGD at level --max-degree
     return SphereRegressor(**kw)
@@ -45,36 +105,63 @@ def _build_eigenpro(args: argparse.Namespace) -> Any:
     """Kernel form by default (all rows, or ``--centers P``); ``--features D`` for EigenPro-RF."""
     from dkernel import EigenProClassifier, EigenProRegressor
 
-    cls = EigenProClassifier if args.task == "classification" else EigenProRegressor
-    kw: dict[str, Any] = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
-    for flag, param in (("centers", "n_centers"), ("features", "n_features"), ("epochs", "n_epochs"),
-                        ("batch_size", "batch_size"), ("step_size", "step_size"),
-                        ("block_size", "block_size"), ("lanes", "lanes")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            kw[param] = value
-    return cls(**kw)
+    cls = EigenProClassifier if _task(args) == "classification" else EigenProRegressor
+    return cls(
+        **_given(
+            args,
+            {},
+            _COMMON
+            + _EARLY_STOPPING
+            + (
+                ("centers", "n_centers"),
+                ("features", "n_features"),
+                ("epochs", "n_epochs"),
+                ("batch_size", "batch_size"),
+                ("step_size", "step_size"),
+                ("block_size", "block_size"),
+                ("lanes", "lanes"),
+            ),
+        )
+    )
 
 
 def _build_components(args: argparse.Namespace) -> Any:
-    """``--solver kpca`` (KernelPCA), ``kcca`` (KernelCCA: the store's ``y`` is the
-    second view) or ``oja`` (StreamingKernelPCA)."""
-    from dkernel import KernelCCA, KernelPCA, StreamingKernelPCA
+    """``--solver kpca`` (KernelPCA), ``oja`` (StreamingKernelPCA), ``kcca`` /
+    ``ksvd`` (KernelCCA / KernelSVD: the store's ``y`` is the second view, which
+    ``--y-view`` must confirm: the y of a labelled store is not a view)."""
+    from dkernel import KernelCCA, KernelPCA, KernelSVD, StreamingKernelPCA
 
-    cls = {"kpca": KernelPCA, "kcca": KernelCCA, "oja": StreamingKernelPCA}[args.solver]
-    kw: dict[str, Any] = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
-    flags = [("components", "n_components"), ("features", "n_features"), ("step_size", "step_size")]
+    cls = {"kpca": KernelPCA, "kcca": KernelCCA, "ksvd": KernelSVD, "oja": StreamingKernelPCA}[
+        args.solver
+    ]
+    if cls in (KernelCCA, KernelSVD) and not args.y_view:
+        raise ValueError(
+            f"--solver {args.solver} needs two views with the same rows: a store whose "
+            "y array holds the second view (n x d_y), confirmed by --y-view; the y of a "
+            "labelled store is a label, not a view"
+        )
+    kw: dict[str, Any] = _given(
+        args,
+        {},
+        _COMMON
+        + (("components", "n_components"), ("features", "n_features"), ("step_size", "step_size")),
+    )
     if cls is not StreamingKernelPCA:
-        flags += [("epochs", "n_epochs"), ("batch_size", "batch_size"),
-                  ("block_size", "block_size"), ("step_decay", "step_decay"), ("lanes", "lanes")]
+        _given(
+            args,
+            kw,
+            (
+                ("epochs", "n_epochs"),
+                ("batch_size", "batch_size"),
+                ("block_size", "block_size"),
+                ("step_decay", "step_decay"),
+                ("lanes", "lanes"),
+            ),
+        )
     if cls is KernelCCA:
-        flags.append(("alpha", "alpha"))
+        _given(args, kw, (("alpha", "alpha"),))
         if args.preconditioner is not None:
             kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
-    for flag, param in flags:
-        value = getattr(args, flag, None)
-        if value is not None:
-            kw[param] = value
     return cls(**kw)
 
 
@@ -95,67 +182,193 @@ def build(args: argparse.Namespace) -> Any:
     not silently ignored."""
     seen = _Reads(args)
     est = SOLVERS[args.solver](seen)
-    unused = [flag for dest, flag in args.solver_options.items()
-              if getattr(args, dest, None) is not None and dest not in seen.read]
+    unused = [
+        flag
+        for dest, flag in args.solver_options.items()
+        if getattr(args, dest, None) is not None and dest not in seen.read
+    ]
     if unused:
-        raise ValueError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
-                         f"to --solver {args.solver}; drop {'it' if len(unused) == 1 else 'them'}")
+        raise ValueError(
+            f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+            f"to --solver {args.solver}; drop {'it' if len(unused) == 1 else 'them'}"
+        )
     return est
 
 
 #: solver name -> builder(args) returning an unfitted estimator.
 SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
 SOLVERS["sphere"] = _build_sphere
-SOLVERS["kpca"] = SOLVERS["kcca"] = SOLVERS["oja"] = _build_components
+SOLVERS["kpca"] = SOLVERS["kcca"] = SOLVERS["ksvd"] = SOLVERS["oja"] = _build_components
 SOLVERS["eigenpro"] = _build_eigenpro
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fit", help="train a model on a dataset store",
-                       description="Train a model on a zarr dataset store and save it (atomically).")
-    p.add_argument("store", help="dataset store (zarr group with X and y)")
-    p.add_argument("--solver", default="dsg", help=f"algorithm: {', '.join(sorted(SOLVERS))}")
-    p.add_argument("--task", choices=("classification", "regression"), default="classification")
-    p.add_argument("--kernel", default="gaussian", help="gaussian, laplacian or cauchy")
-    p.add_argument("--bandwidth", type=bandwidth_arg, default="auto", help="number or 'auto'")
-    # options some solvers take (default None); ``build`` rejects one the chosen
-    # solver does not read, so the group is the single list of them
-    g = p.add_argument_group("solver options")
-    g.add_argument("--features", type=int, help="n_features: random features D")
-    g.add_argument("--centers", type=int, help="n_centers: kernel centers p (EigenPro kernel form)")
-    g.add_argument("--components", type=int, help="n_components k (kpca, kcca, oja)")
-    g.add_argument("--epochs", type=int, help="n_epochs")
-    g.add_argument("--batch-size", dest="batch_size", type=int)
-    g.add_argument("--alpha", type=float, help="regularisation strength")
-    g.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
-    g.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
-    g.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
-                   help="initial step, a number or 'auto' (dsg)")
-    g.add_argument("--step-decay", dest="step_decay", type=float)
-    g.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v),
-                   help="chunks that share one step; 'auto' (dsg, eigenpro default): one per worker")
-    g.add_argument("--preconditioner", choices=("none", "eigenpro"),
-                   help="dsg, kcca: 'eigenpro' (preconditioned whole-pool steps, the default) or "
-                        "'none' (the papers' block steps: Dai Alg. 1, Xie Alg. 4)")
-    g.add_argument("--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)")
-    g.add_argument("--theta", type=float, help="truncation level parameter (sphere); 0: no truncation")
+    p = add_command(
+        sub,
+        "fit",
+        "train a model on a dataset store",
+        "Train a model on a zarr dataset store and save it (written atomically: "
+        "a failed fit leaves no model file).",
+    )
+    p.add_argument("store", help="dataset store: a zarr group with X (and y), local or s3:// etc.")
+    p.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.npz)")
+    p.add_argument(
+        "--solver",
+        default="dsg",
+        help="algorithm: dsg (doubly stochastic gradients), eigenpro, sphere "
+        "(truncated kernel SGD on spheres), kpca, kcca, ksvd, oja (streaming kernel PCA)",
+    )
+    # options some solvers take (default None: the estimator's own default);
+    # ``build`` rejects one the chosen solver does not read, so this group is
+    # the single list of them
+    g = p.add_argument_group(
+        "solver options",
+        "Each applies to the solvers named in its help; left out, the estimator's own default "
+        "applies (see its docstring); given to a solver that does not take it, an error.",
+    )
+    g.add_argument(
+        "--task",
+        choices=("classification", "regression"),
+        help="dsg, eigenpro (default: classification); sphere: regression only",
+    )
+    g.add_argument(
+        "--kernel", help=f"kernel: {', '.join(KERNELS)} (all but sphere; default: gaussian)"
+    )
+    g.add_argument(
+        "--bandwidth",
+        type=bandwidth_arg,
+        help="kernel scale, a number or 'auto' (median heuristic; all but sphere; default: auto)",
+    )
+    g.add_argument(
+        "--seed", type=int, help="random_state, the global seed (all but sphere; default: 0)"
+    )
+    g.add_argument(
+        "--features",
+        type=int,
+        metavar="D",
+        help="n_features, random features (dsg, eigenpro: selects its random-feature form; "
+        "kpca, kcca, ksvd, oja)",
+    )
+    g.add_argument(
+        "--centers",
+        type=int,
+        metavar="P",
+        help="n_centers, kernel centers sampled from the rows (eigenpro kernel form; "
+        "default: all rows up to 100000)",
+    )
+    g.add_argument(
+        "--components", type=int, metavar="K", help="n_components (kpca, kcca, ksvd, oja)"
+    )
+    g.add_argument(
+        "--epochs", type=int, metavar="N", help="n_epochs, passes over the data (all but oja)"
+    )
+    g.add_argument(
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        metavar="M",
+        help="rows per step (dsg, eigenpro, kpca, kcca, ksvd)",
+    )
+    g.add_argument("--alpha", type=float, help="regularisation strength (dsg, kcca)")
+    g.add_argument(
+        "--loss",
+        help="loss (dsg): squared, huber, epsilon_insensitive, quantile; "
+        "softmax, hinge, squared_hinge, logistic",
+    )
+    g.add_argument(
+        "--block-size",
+        dest="block_size",
+        type=int,
+        help="features per seeded block (dsg, eigenpro, kpca, kcca, ksvd); rows per "
+        "exact block (sphere)",
+    )
+    g.add_argument(
+        "--step-size",
+        dest="step_size",
+        type=bandwidth_arg,
+        help="initial step, a number or 'auto' (dsg, eigenpro, kpca, kcca, ksvd, oja)",
+    )
+    g.add_argument(
+        "--step-decay",
+        dest="step_decay",
+        type=float,
+        help="theta_1 of step_size / (1 + theta_1 t) (dsg, kpca, kcca, ksvd)",
+    )
+    g.add_argument(
+        "--lanes",
+        type=lambda v: v if v == "auto" else int(v),
+        help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (dsg and "
+        "eigenpro's default): one per worker, recorded in the model",
+    )
+    g.add_argument(
+        "--early-stopping",
+        dest="early_stopping",
+        action="store_true",
+        default=None,
+        help="hold out --validation-fraction of the rows, score them after each epoch, "
+        "stop after --n-iter-no-change epochs without improvement and keep the best "
+        "epoch (dsg, eigenpro)",
+    )
+    g.add_argument(
+        "--validation-fraction",
+        dest="validation_fraction",
+        type=float,
+        help="rows held out by --early-stopping (dsg, eigenpro; default: 0.1)",
+    )
+    g.add_argument(
+        "--n-iter-no-change",
+        dest="n_iter_no_change",
+        type=int,
+        help="epochs without improvement before --early-stopping stops (dsg, eigenpro; default: 2)",
+    )
+    g.add_argument(
+        "--y-view",
+        dest="y_view",
+        action="store_true",
+        default=None,
+        help="kcca, ksvd (required): the store's y array is the second view",
+    )
+    g.add_argument(
+        "--preconditioner",
+        choices=("none", "eigenpro"),
+        help="dsg, kcca: 'eigenpro' (preconditioned whole-pool steps; default) or 'none' "
+        "(the papers' block steps: Dai et al. Alg. 1, Xie et al. Alg. 4)",
+    )
+    g.add_argument(
+        "--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)"
+    )
+    g.add_argument(
+        "--theta", type=float, help="truncation level parameter (sphere); 0: no truncation"
+    )
     g.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")
-    g.add_argument("--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)")
-    g.add_argument("--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)")
-    g.add_argument("--input-map", dest="input_map", choices=("normalize", "stereographic"),
-                   help="how rows reach the sphere (sphere)")
+    g.add_argument(
+        "--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)"
+    )
+    g.add_argument(
+        "--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)"
+    )
+    g.add_argument(
+        "--input-map",
+        dest="input_map",
+        choices=("normalize", "stereographic"),
+        help="how rows reach the sphere (sphere)",
+    )
     g.add_argument("--scale", type=float, help="scale of the stereographic map (sphere)")
     g.add_argument("--form", choices=("auto", "features", "kernel"), help="representation (sphere)")
-    p.add_argument("--seed", type=int, default=0, help="random_state")
-    p.add_argument("--out", required=True, help="model file to write (.npz)")
-    p.add_argument("--checkpoint", help="checkpoint file (default: OUT.ckpt.npz)")
-    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
-                   help="write a checkpoint every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: MODEL.ckpt.npz)")
+    c.add_argument(
+        "--checkpoint-every",
+        dest="checkpoint_every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="write a checkpoint every N steps (0: never)",
+    )
+    c.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    add_output_args(p, overwrite=True)
     add_cluster_args(p)
-    p.set_defaults(func=run, solver_options={a.dest: a.option_strings[0]
-                                             for a in g._group_actions})
+    p.set_defaults(func=run, solver_options={a.dest: a.option_strings[0] for a in g._group_actions})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,22 +376,46 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.engine import connect
 
     if args.solver not in SOLVERS:
-        raise ValueError(f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}")
+        raise ValueError(
+            f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}"
+        )
     if os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as model.npz")
+        raise ValueError(
+            f"--out {args.out!r} is a folder; give a model file path such as model.npz"
+        )
+    check_output(args.out, args.overwrite)
+    if args.checkpoint and not (args.checkpoint_every or args.resume):
+        raise ValueError(
+            "--checkpoint names the file of --checkpoint-every N / --resume; "
+            "add one of them (alone it would be ignored)"
+        )
     est = build(args)
     checkpoint = args.checkpoint or (args.out + ".ckpt.npz")
     if args.checkpoint_every or args.resume:
-        est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume)
+        est.set_params(
+            checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume
+        )
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
+    start = time.perf_counter()
     with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
         est.set_params(client=client)
         est.fit(args.store)
+    seconds = time.perf_counter() - start
     est.set_params(client=None)
     est.save(args.out)
     if os.path.exists(checkpoint):
         os.unlink(checkpoint)
-    print(f"saved {type(est).__name__} to {args.out}", file=sys.stderr)
+    status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
+    if args.json:
+        emit(
+            args,
+            {
+                "model": args.out,
+                "estimator": type(est).__name__,
+                "seconds": seconds,
+                "history": getattr(est, "history_", None),
+            },
+        )
     return 0

@@ -6,25 +6,27 @@ import argparse
 import os
 import time
 
+from dkernel.cli.common import add_command, add_output_args, check_output, emit, status
 from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
 
 # Options that only make sense for some formats: given for another, they are an error
 # rather than silently ignored.
 _FORMAT_OPTIONS = {
     "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv",), "no_target": ("csv",),
-    "header": ("csv",), "delimiter": ("csv",), "n_features": ("libsvm",), "zero_based": ("libsvm",),
+    "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
 }
 _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "comma": ",",
                "semicolon": ";"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "ingest", help="convert idx / npy / CSV / libsvm files into a dataset store",
-        description="Convert a file into a row-chunked, compressed zarr dataset store holding "
+    p = add_command(
+        sub, "ingest", "convert idx / npy / CSV / libsvm files into a dataset store",
+        "Convert a file into a row-chunked, compressed zarr dataset store holding "
                     "X (and y), streaming one chunk at a time. 'dkernel ingest fashion-mnist "
                     "--out DIR' writes DIR/train.zarr and DIR/test.zarr.")
-    p.add_argument("input", metavar="FILE|fashion-mnist")
+    p.add_argument("input", metavar="FILE|fashion-mnist",
+                   help="input file, or 'fashion-mnist' for the packaged Fashion-MNIST idx files")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="output store (a folder for fashion-mnist)")
     p.add_argument("--format", choices=(*FORMATS, "svmlight"),
@@ -32,7 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-rows", type=int, metavar="N",
                    help="rows per chunk (default: at most 8192 rows and ~32 MB)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of X")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument("--source", metavar="DIR",
                    help=f"fashion-mnist: folder with the idx files (default {FASHION_MNIST_DIR})")
     p.add_argument("--labels", metavar="FILE", help="idx / npy: labels file paired with FILE (y)")
@@ -50,9 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delimiter", metavar="D",
                    help="csv: field separator, e.g. ',' or 'tab' or 'whitespace' "
                         "(default: detected)")
-    p.add_argument("--n-features", type=int, metavar="N",
-                   help="libsvm: number of columns (default: largest index, by an extra pass)")
+    p.add_argument("--n-inputs", type=int, metavar="N",
+                   help="libsvm: number of input columns d of X "
+                        "(default: largest index, by an extra pass)")
     p.add_argument("--zero-based", action="store_true", help="libsvm: indices start at 0, not 1")
+    add_output_args(p, overwrite=True)
     p.set_defaults(func=run)
 
 
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.input == "fashion-mnist" and not os.path.exists(args.input):
         _check_options(args, "fashion-mnist")
+        for name in ("train.zarr", "test.zarr"):
+            check_output(os.path.join(args.out, name), args.overwrite)
         out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,
                                        overwrite=args.overwrite)
         outputs = [os.path.join(out, "train.zarr"), os.path.join(out, "test.zarr")]
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = args.format or ing.guess_format(args.input)
         fmt = "libsvm" if fmt == "svmlight" else fmt
         _check_options(args, fmt)
+        check_output(args.out, args.overwrite)
         common = {"dtype": args.dtype, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
         if fmt == "idx":
             ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
@@ -81,13 +87,13 @@ def run(args: argparse.Namespace) -> int:
             ing.ingest_csv(args.input, args.out, target=target, header=args.header,
                            delimiter=_delimiter(args.delimiter), **common)
         else:
-            ing.ingest_libsvm(args.input, args.out, n_features=args.n_features,
+            ing.ingest_libsvm(args.input, args.out, n_features=args.n_inputs,
                               zero_based=args.zero_based, **common)
         outputs = [args.out]
     seconds = time.perf_counter() - start
-    for path in outputs:
-        print(f"wrote {path}: {_describe(path)}")
-    print(f"ingest took {seconds:.1f} s")
+    emit(args, {"outputs": [_shapes(p) for p in outputs], "seconds": seconds},
+         [f"wrote {path}: {_describe(path)}" for path in outputs])
+    status(args, f"ingest took {seconds:.1f} s")
     return 0
 
 
@@ -105,6 +111,14 @@ def _delimiter(text: str | None) -> str | None:
     if text is None:
         return "auto"
     return _DELIMITERS.get(text.lower(), text)
+
+
+def _shapes(path: str) -> dict:
+    import zarr
+
+    group = zarr.open_group(path, mode="r")
+    return {"path": path, **{k: {"shape": list(group[k].shape), "dtype": str(group[k].dtype)}
+                             for k in ("X", "y") if k in group}}
 
 
 def _describe(path: str) -> str:

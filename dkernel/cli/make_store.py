@@ -1,6 +1,6 @@
-"""``dkernel make-store``: a synthetic dataset store of any size, written by
-the cluster's workers in parallel (one chunk per task; memory per worker is
-one chunk), for out-of-core and throughput runs."""
+"""dkernel make-store: a synthetic dataset store of any size, written by the
+cluster's workers in parallel (one chunk per task; memory per worker is one
+chunk), for out-of-core and throughput runs."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import argparse
 import json
 import time
 
-from dkernel.cli.common import add_cluster_args
+from dkernel.cli.common import add_cluster_args, add_command, add_output_args, check_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-store", help="write a synthetic store of any size on the workers",
-                       description=__doc__.splitlines()[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("out", help="store to create (path or URL; refused if it exists)")
+    p = add_command(sub, "make-store", "write a synthetic store of any size on the workers",
+                    " ".join(__doc__.split()))
+    p.add_argument("out", help="store to create (path or URL)")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--rows", type=int, help="number of rows")
     size.add_argument("--gb", type=float, help="size of X in GB (10^9 bytes; rows follow from it)")
@@ -24,8 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Dai et al.'s ridge target, or non-linear 3-class labels")
     p.add_argument("--chunk-rows", type=int, default=65536, help="rows per chunk")
     p.add_argument("--seed", type=int, default=0, help="random_state")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_output_args(p, overwrite=True)
     add_cluster_args(p)
     p.set_defaults(func=run)
 
@@ -35,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.engine import connect
 
     rows = args.rows if args.rows is not None else int(args.gb * 1e9 // (4 * args.inputs))
+    check_output(args.out, args.overwrite, flag="OUT")
     t0 = time.perf_counter()
     with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
         make_store(args.out, rows, args.inputs, chunk_rows=args.chunk_rows, kind=args.task,
@@ -42,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
                    progress=not args.quiet)
     seconds = time.perf_counter() - t0
     nbytes = rows * args.inputs * 4
-    print(json.dumps({"store": args.out, "rows": rows, "inputs": args.inputs,
-                      "x_bytes": nbytes, "seconds": round(seconds, 2),
-                      "mb_per_s": round(nbytes / 1e6 / seconds, 1)}))
+    result = {"store": args.out, "rows": rows, "inputs": args.inputs, "x_bytes": nbytes,
+              "seconds": round(seconds, 2), "mb_per_s": round(nbytes / 1e6 / seconds, 1)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"wrote {args.out}: {rows:,} rows x {args.inputs} inputs ({nbytes / 1e9:.2f} GB of X) "
+              f"in {seconds:.1f} s, {result['mb_per_s']} MB/s")
     return 0

@@ -3,28 +3,59 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import numpy as np
 
-from dkernel.cli.common import add_cluster_args
+from dkernel.cli.common import (
+    add_cluster_args,
+    add_command,
+    add_output_args,
+    check_output,
+    emit,
+    status,
+)
+
+_MODEL_HELP = "model file written by 'dkernel fit' (.npz)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for name, helptext in (("predict", "write predictions of MODEL on STORE to a zarr store"),
-                           ("transform", "write the projections of MODEL on STORE to a zarr store")):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("model")
-        p.add_argument("store")
+    for name, summary, array in (
+        (
+            "predict",
+            "write the predictions of a model on a dataset store to a zarr store",
+            "y_pred",
+        ),
+        (
+            "transform",
+            "write a component model's projections of a dataset store to a zarr store",
+            "Z, and Z_y for two-view models",
+        ),
+    ):
+        p = add_command(
+            sub,
+            name,
+            summary,
+            f"{summary[0].upper()}{summary[1:]} (array {array}, chunked like the input "
+            "rows; written atomically).",
+        )
+        p.add_argument("model", help=_MODEL_HELP)
+        p.add_argument("store", help="dataset store with X (two-view models: y is the second view)")
         p.add_argument("--out", required=True, help="output zarr store")
-        p.add_argument("--overwrite", action="store_true")
+        add_output_args(p, overwrite=True)
         add_cluster_args(p)
         p.set_defaults(func=run_apply, method=name)
-    p = sub.add_parser("evaluate", help="print metrics of MODEL on a labelled STORE")
-    p.add_argument("model")
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = add_command(
+        sub,
+        "evaluate",
+        "print the metrics of a model on a labelled dataset store",
+        "Print the metrics of a model on a dataset store: accuracy (classifiers), "
+        "mse and r2 (regressors), the canonical correlations (two-view models: y is "
+        "the second view) or the explained variance (KernelPCA, StreamingKernelPCA).",
+    )
+    p.add_argument("model", help=_MODEL_HELP)
+    p.add_argument("store", help="dataset store with X and y")
+    add_output_args(p)
     add_cluster_args(p)
     p.set_defaults(func=run_evaluate)
 
@@ -37,10 +68,13 @@ def run_apply(args: argparse.Namespace) -> int:
     from dkernel.engine import connect
     from dkernel.io import load_model
 
+    check_output(args.out, args.overwrite)
     model = load_model(args.model)
     if not hasattr(model, args.method):
-        raise ValueError(f"{type(model).__name__} has no {args.method}; use "
-                         f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'")
+        raise ValueError(
+            f"{type(model).__name__} has no {args.method}; use "
+            f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'"
+        )
     data = open_dataset(args.store)
     with connect(scheduler=args.scheduler, n_workers=args.workers):
         if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
@@ -49,31 +83,72 @@ def run_apply(args: argparse.Namespace) -> int:
         else:
             out = getattr(model, args.method)(data.X)
             if isinstance(out, tuple):
-                raise ValueError(f"{type(model).__name__}.{args.method} needs both views; "
-                                 "use the Python API")
+                raise ValueError(
+                    f"{type(model).__name__}.{args.method} needs both views; use the Python API"
+                )
             outs = {"y_pred" if args.method == "predict" else "Z": out}
         with atomic_store(args.out, overwrite=args.overwrite) as group:
             for name, out in outs.items():
-                arr = create_array(group, name, tuple(int(s) for s in out.shape), out.dtype,
-                                   int(data.X.chunks[0][0]))
+                arr = create_array(
+                    group,
+                    name,
+                    tuple(int(s) for s in out.shape),
+                    out.dtype,
+                    int(data.X.chunks[0][0]),
+                )
                 da.store(out.rechunk(arr.chunks), arr, lock=False)
+            group.attrs.update(
+                {
+                    "dkernel": args.method,
+                    "model": str(args.model),
+                    "estimator": type(model).__name__,
+                }
+            )
     for name, out in outs.items():
-        print(f"wrote {name} {tuple(out.shape)} to {args.out}")
+        status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
+    if args.json:
+        emit(
+            args,
+            {"out": args.out, "arrays": {k: [int(s) for s in v.shape] for k, v in outs.items()}},
+        )
     return 0
 
 
-def metrics(model: Any, X: Any, y: Any) -> dict[str, float]:
+def check_labels(model: Any, y: Any) -> None:
+    """A classifier is evaluated on its labels: refuse targets outside ``classes_``
+    (e.g. a continuous target) instead of reporting an accuracy of 0."""
+    import dask.array as da
+
+    classes = np.asarray(model.classes_)
+    yv = y.reshape(-1)
+    if classes.dtype.kind in "iufb" and yv.dtype.kind not in "iufb":
+        raise ValueError(
+            f"y holds {yv.dtype} values but {type(model).__name__} predicts numeric "
+            f"classes {classes.tolist()[:10]}; evaluate it on a store with its labels"
+        )
+    outside = ~da.isin(yv, classes) if isinstance(yv, da.Array) else ~np.isin(yv, classes)
+    count = int(da.compute(outside.sum())[0])
+    if count:
+        first = np.asarray(da.compute(yv[outside])[0]).tolist()[0]
+        raise ValueError(
+            f"y holds {count} value(s) that are not among {type(model).__name__}'s classes "
+            f"{classes.tolist()[:10]} (e.g. {first!r}); evaluate a classifier on a store "
+            "with its labels (a continuous target needs a regressor: fit --task regression)"
+        )
+
+
+def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     import dask.array as da
 
     if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
         corr = model.canonical_correlations(X, y)
-        return {"sum_correlations": float(np.sum(corr)),
-                "correlations": [float(c) for c in corr]}
+        return {"sum_correlations": float(np.sum(corr)), "correlations": [float(c) for c in corr]}
     if hasattr(model, "explained_variance_"):  # KernelPCA / StreamingKernelPCA
         Z = model.transform(X).astype(np.float64)
         var = da.compute(Z.var(axis=0))[0]
         return {"explained_variance": [float(v) for v in var], "total_variance": float(var.sum())}
     if hasattr(model, "classes_"):
+        check_labels(model, y)
         pred = model.predict(X)
         acc = (pred == y.reshape(-1)).mean()
         return {"accuracy": float(da.compute(acc)[0])}
@@ -95,10 +170,5 @@ def run_evaluate(args: argparse.Namespace) -> int:
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
     with connect(scheduler=args.scheduler, n_workers=args.workers):
         result = metrics(model, data.X, data.y)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            shown = " ".join(f"{x:.4g}" for x in v) if isinstance(v, list) else f"{v:.6g}"
-            print(f"{k}: {shown}")
+    emit(args, result)
     return 0

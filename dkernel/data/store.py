@@ -21,7 +21,13 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
 
     path = os.fspath(path)
     if "://" in path and not path.startswith("file://"):
-        # Object stores have no atomic rename; write in place.
+        # Object stores have no atomic rename; write in place (but never over
+        # an existing store unless asked to).
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path)
+        if fs.exists(root) and not overwrite:
+            raise FileExistsError(f"{path!r} already exists; remove it or choose another output path")
         yield zarr.open_group(path, mode="w")
         return
     path = path.removeprefix("file://")

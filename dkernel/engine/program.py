@@ -55,6 +55,8 @@ class StepProgram:
     #: When True the engine calls ``partial(payload, chunk: Chunk)`` instead of
     #: ``partial(payload, X_rows, y_rows)``.
     wants_chunk: bool = False
+    #: Set (e.g. by an early-stopping callback) to end the fit after this epoch.
+    stop: bool = False
 
     def init_state(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -93,4 +95,4 @@ class StepProgram:
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         """Called after each epoch; True ends the fit early (e.g. early stopping)."""
-        return False
+        return bool(self.stop)

@@ -20,6 +20,7 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     sample_rows,
 )
+from dkernel.estimators.history import EpochMonitor, history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.kernels.exact import check_kernel, kernel_matrix
 from dkernel.linalg import eigensystem
@@ -145,13 +146,19 @@ class _ComponentsBase(BaseEstimator):
 
     def _run(self, data: Any, client: Any, program: ComponentProgram) -> tuple[dict, dict]:
         engine = Engine(client, self._engine_options())
+        # these solvers have no loss (the engine's per-epoch sum is an empty 0);
+        # their history carries the objective they maximise instead
+        monitor = EpochMonitor(engine, program,
+                               extra=lambda state: {"loss": None, **program.epoch_objective()})
         state = engine.run_steps(
             data,
             program,
             n_epochs=int(self.n_epochs),
             batch_size=int(self.batch_size),
             random_state=int(self.random_state),
+            on_epoch=monitor,
         )
+        self.history_ = monitor.history()
         coefs = tuple(state[f"coef{s}"] for s in range(len(program.features)))
         total = engine.map_reduce(
             data, moments_partial, moments_payload(program.features, coefs), label="moments",
@@ -184,6 +191,9 @@ class KernelPCA(_ComponentsBase):
         Variance of each score, the eigenvalue estimates of the covariance operator.
     mean_ : ndarray (n_components,)
         Mean of the raw scores (subtracted by ``transform``; zero if not centred).
+    history_ : list of dict
+        Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``variance``,
+        the variance the k scores capture on the epoch's mini-batches.
 
     Examples
     --------
@@ -303,7 +313,7 @@ class KernelPCA(_ComponentsBase):
                 "explained_variance": self.explained_variance_,
             },
             {"features": self.features_.to_dict(), "step_size_": self.step_size_,
-             "step_decay_": getattr(self, "step_decay_", None)},
+             "step_decay_": getattr(self, "step_decay_", None), **history_meta(self)},
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -316,6 +326,7 @@ class KernelPCA(_ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
+        set_history(self, meta)
 
 
 class _TwoViewBase(_ComponentsBase):
@@ -465,7 +476,7 @@ class _TwoViewBase(_ComponentsBase):
                 "values": self._values(),
             },
             {"features": [f.to_dict() for f in self.features_], "step_size_": self.step_size_,
-             "step_decay_": getattr(self, "step_decay_", None)},
+             "step_decay_": getattr(self, "step_decay_", None), **history_meta(self)},
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -478,6 +489,7 @@ class _TwoViewBase(_ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
+        set_history(self, meta)
 
 
 _DOC_VIEWS = """
@@ -501,6 +513,10 @@ class KernelSVD(_TwoViewBase):
     x_components_, y_components_ : ndarray (n_features_, n_components)
         Coefficients of the RKHS-orthonormal left / right singular functions.
     singular_values_ : ndarray (n_components,)
+    history_ : list of dict
+        Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``covariance``,
+        the sum of the singular values of the scores' cross-covariance on the
+        epoch's mini-batches.
     """
     _method = "ksvd"
 
@@ -610,6 +626,10 @@ class KernelCCA(_TwoViewBase):
     x_components_, y_components_ : ndarray (n_features_, n_components)
     correlations_ : ndarray (n_components,)
         Regularised canonical correlations on the training data.
+    history_ : list of dict
+        Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and
+        ``correlation``, the sum of the canonical correlations of the scores
+        on the epoch's mini-batches.
     preconditioners_ : tuple of FeaturePreconditioner or None
         Per view (fit only, not saved): the top q+1 eigenvalues, q eigenvectors
         and q of the preconditioner; None without ``preconditioner``.

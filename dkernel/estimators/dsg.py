@@ -21,6 +21,14 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     sample_rows,
 )
+from dkernel.estimators.history import (
+    EpochMonitor,
+    check_early_stopping_params,
+    history_meta,
+    set_history,
+    split_validation,
+    validation_score,
+)
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
@@ -88,6 +96,26 @@ _DOC_PARAMS = """
     checkpoint : str, optional
         Checkpoint file written every ``checkpoint_every`` steps; with
         ``resume=True`` a fit continues from it and ends with the same model.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the rows, score the model on them
+        after each epoch (accuracy, or R^2 for regression), stop after
+        ``n_iter_no_change`` epochs without improvement and keep the best
+        epoch's coefficients (as :class:`EigenProClassifier` does).
+    validation_fraction : float, default=0.1
+    n_iter_no_change : int, default=2
+"""
+
+_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
+    step_backoffs_ : list of dict
+        Steps the divergence guard undid and halved (empty when none).
+    history_ : list of dict
+        Per epoch: ``epoch``, ``loss`` (mean loss of the mini-batches, before
+        each step), ``steps``, ``rows``, ``seconds`` and, with early stopping,
+        ``validation_score``.
+    validation_scores_ : list of float
+        The validation scores (early stopping only; empty otherwise).
+    best_epoch_ : int or None
+        Epoch whose coefficients were kept (early stopping), else None.
 """
 
 
@@ -102,7 +130,8 @@ class _DSGBase(BaseEstimator):
                  preconditioner: str | None = "eigenpro", lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False, early_stopping: bool = False,
+                 validation_fraction: float = 0.1, n_iter_no_change: int = 2) -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
         self.n_features = n_features
@@ -121,6 +150,9 @@ class _DSGBase(BaseEstimator):
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.resume = resume
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
 
     def _check_params(self) -> None:
         check_common_params(self)
@@ -132,6 +164,7 @@ class _DSGBase(BaseEstimator):
             check_positive("lanes", self.lanes, integer=True)
         if self.preconditioner not in ("eigenpro", None):
             raise ValueError(f"preconditioner must be 'eigenpro' or None, got {self.preconditioner!r}")
+        check_early_stopping_params(self)
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
@@ -155,6 +188,9 @@ class _DSGBase(BaseEstimator):
             n_blocks = math.ceil(int(self.n_features) / B)
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
             engine = Engine(client, self._engine_options())
+            val = None
+            if self.early_stopping:
+                data, val = split_validation(data, self.validation_fraction, int(self.random_state))
             self.lanes_ = engine.resolve_lanes(data)
             engine.options.lanes = self.lanes_
             if self.preconditioner == "eigenpro":
@@ -171,10 +207,12 @@ class _DSGBase(BaseEstimator):
                     self.step_size_ = float(self.step_size)
                 program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
                                      self.step_size_, float(self.step_decay))
+            monitor = self._epoch_monitor(engine, program, val, features, encoding)
             state = engine.run_steps(
                 data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
-                random_state=int(self.random_state))
+                random_state=int(self.random_state), on_epoch=monitor)
             self.step_backoffs_ = list(engine.backoffs)
+            state = self._keep_history(monitor, state)
         self._set_fitted(features, encoding, state["coef"] * state["scale"])
         return self
 
@@ -202,6 +240,27 @@ class _DSGBase(BaseEstimator):
                           float(self.step_decay), preconditioner=pre, beta=beta,
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1)
 
+    # history and early stopping (dkernel.estimators.history) --------------------
+    def _epoch_monitor(self, engine: Engine, program: DSGProgram, val: Any, features: FeatureMap,
+                       encoding: TargetEncoding) -> EpochMonitor:
+        """The per-epoch callback: with early stopping the held-out rows ``val``
+        (``validation_fraction`` of the data) are scored after each epoch."""
+        evaluate = None
+        if val is not None:
+            def evaluate(state: dict) -> float:
+                coef = (state["coef"] * state["scale"]).astype(features.dtype)
+                spec = {"features": features, "coef": coef}
+                return validation_score(engine, val, self._task, _decision_spec, spec,
+                                        encoding.classes, encoding.offset)
+        return EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
+
+    def _keep_history(self, monitor: EpochMonitor, state: dict) -> dict:
+        self.history_ = monitor.history()
+        self.validation_scores_ = [e["validation_score"] for e in self.history_
+                                   if "validation_score" in e]
+        self.best_epoch_ = monitor.best_epoch
+        return monitor.final_state(state)
+
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self.features_ = features
         self.encoding_ = encoding
@@ -226,7 +285,8 @@ class _DSGBase(BaseEstimator):
         return ({"coef": self.coef_, "classes": np.asarray(e.classes),
                  "offset": np.asarray(e.offset, dtype=np.float64)},
                 {"features": self.features_.to_dict(), "encoding": e.kind,
-                 **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)}})
+                 **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)},
+                 **history_meta(self)})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
@@ -235,6 +295,7 @@ class _DSGBase(BaseEstimator):
         for k in _RESOLVED:
             if k in meta:
                 setattr(self, k, meta[k])
+        set_history(self, meta)
         if enc.kind != "regression":
             self.classes_ = arrays["classes"]
 
@@ -252,6 +313,10 @@ def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
     return decision(features, coef, Xb.astype(features.dtype, copy=False))
 
 
+def _decision_spec(Xb: Any, spec: dict) -> Any:
+    return _decision_block(Xb, spec["features"], spec["coef"])
+
+
 class DSGRegressor(_DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
@@ -267,10 +332,7 @@ class DSGRegressor(_DSGBase):
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
     n_features_in_ : int
-    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
-    step_backoffs_ : list of dict
-        Steps the divergence guard undid and halved (empty when none).
-
+{_DOC_ATTRIBUTES}
     Examples
     --------
     >>> import numpy as np
@@ -325,7 +387,7 @@ class DSGClassifier(_DSGBase):
     classes_ : ndarray
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
-    """
+{_DOC_ATTRIBUTES}    """
     _task = "classification"
     _default_loss = "softmax"
 

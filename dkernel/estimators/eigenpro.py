@@ -24,6 +24,15 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     sample_rows,
 )
+from dkernel.estimators.history import (
+    EpochMonitor,
+    check_early_stopping_params,
+    history_meta,
+    set_history,
+    split_validation,
+    validation_score,
+)
+from dkernel.estimators.history import subset_rows as _subset
 from dkernel.features import FeatureMap
 from dkernel.kernels import kernel_diagonal_max
 from dkernel.linalg import eigensystem
@@ -109,8 +118,7 @@ class _EigenProBase(BaseEstimator):
         if self.kernel_cache not in ("auto",) + CACHE_MODES:
             raise ValueError(f"kernel_cache={self.kernel_cache!r}; choose 'auto', "
                              + ", ".join(repr(m) for m in CACHE_MODES))
-        if not (0 < self.validation_fraction < 1):
-            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}")
+        check_early_stopping_params(self)
 
     @property
     def _form(self) -> str:
@@ -133,10 +141,7 @@ class _EigenProBase(BaseEstimator):
             rng = np.random.default_rng([int(self.random_state), 0xE16])
             val = None
             if self.early_stopping:
-                perm = rng.permutation(data.n_rows)
-                n_val = max(1, int(round(self.validation_fraction * data.n_rows)))
-                val = _subset(data, np.sort(perm[:n_val]))
-                data = _subset(data, np.sort(perm[n_val:]))
+                data, val = split_validation(data, self.validation_fraction, int(self.random_state))
             engine = Engine(client, self._engine_options())
             if self._form == "kernel":
                 self._fit_kernel(engine, client, data, val, bandwidth, encoding, rng)
@@ -178,9 +183,10 @@ class _EigenProBase(BaseEstimator):
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
-                return _validation_score(engine, val, encoding, self._task,
-                                         {"kind": "kernel", "centers": centers, "kernel": self.kernel,
-                                          "bandwidth": bandwidth, "coef": state["coef"]})
+                spec = {"kind": "kernel", "centers": centers, "kernel": self.kernel,
+                        "bandwidth": bandwidth, "coef": state["coef"]}
+                return validation_score(engine, val, self._task, _predict_block, spec,
+                                        encoding.classes, encoding.offset)
         state = self._run(engine, data, program, batch, evaluate, "coef")
         self.form_ = "kernel"
         self.centers_ = centers
@@ -216,9 +222,10 @@ class _EigenProBase(BaseEstimator):
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
-                return _validation_score(engine, val, encoding, self._task,
-                                         {"kind": "features", "features": features, "n_blocks": n_blocks,
-                                          "coef": state["theta"]})
+                spec = {"kind": "features", "features": features, "n_blocks": n_blocks,
+                        "coef": state["theta"]}
+                return validation_score(engine, val, self._task, _predict_block, spec,
+                                        encoding.classes, encoding.offset)
         state = self._run(engine, data, program, batch, evaluate, "theta")
         self.form_ = "features"
         self.features_ = features
@@ -228,28 +235,17 @@ class _EigenProBase(BaseEstimator):
 
     def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
              key: str) -> dict:
-        self.validation_scores_ = []
-        best: dict[str, Any] = {}
-
-        def on_epoch(state: dict, epoch: int) -> None:
-            if evaluate is None:
-                return
-            score = evaluate(state)
-            self.validation_scores_.append(score)
-            if not best or score > best["score"]:
-                best.update(score=score, coef=state[key].copy(), epoch=epoch)
-            elif epoch - best["epoch"] >= int(self.n_iter_no_change):
-                program.stop = True
-
+        monitor = EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
         self.lanes_ = engine.resolve_lanes(data)  # recorded: the model depends on it
         engine.options.lanes = self.lanes_
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
-                                 random_state=int(self.random_state), on_epoch=on_epoch)
+                                 random_state=int(self.random_state), on_epoch=monitor)
         self.step_backoffs_ = list(engine.backoffs)
-        if best:
-            state = {key: best["coef"]}
-            self.best_epoch_ = best["epoch"] + 1
-        return state
+        self.history_ = monitor.history()
+        self.validation_scores_ = [e["validation_score"] for e in self.history_
+                                   if "validation_score" in e]
+        self.best_epoch_ = monitor.best_epoch
+        return monitor.final_state(state)
 
     def _cache_mode(self, client: Any, data: Dataset, p: int) -> str:
         """float32 kernel rows if every worker's share fits its cache budget, else
@@ -333,7 +329,7 @@ class _EigenProBase(BaseEstimator):
                 "eigensolver": self.eigensolver_, "kernel_cache": self.kernel_cache_,
                 "subsample_size": self.subsample_size_,
                 "lanes": getattr(self, "lanes_", None),
-                "step_backoffs": getattr(self, "step_backoffs_", [])}
+                "step_backoffs": getattr(self, "step_backoffs_", []), **history_meta(self)}
         if self.form_ == "kernel":
             arrays["centers"] = self.centers_
         else:
@@ -360,6 +356,7 @@ class _EigenProBase(BaseEstimator):
         self.subsample_size_ = meta["subsample_size"]
         self.lanes_ = meta.get("lanes")
         self.step_backoffs_ = meta.get("step_backoffs", [])
+        set_history(self, meta)
         if enc.kind != "regression":
             self.classes_ = arrays["classes"]
 
@@ -370,32 +367,6 @@ def _predict_block(X: Any, spec: dict) -> Any:
         return predict_kernel(X, spec["centers"], spec["coef"], spec["kernel"], spec["bandwidth"])
     Z = spec["features"].transform(X, spec["n_blocks"])
     return Z @ spec["coef"].astype(np.float32)
-
-
-def _validation_partial(payload: dict, X: Any, y: Any) -> dict:
-    f = _predict_block(X, payload["spec"])
-    Y = payload["encoding"].encode(y, np.float32)
-    out = {"sq": float(((f - Y) ** 2).sum()), "count": X.shape[0]}
-    if payload["task"] == "classification":
-        out["correct"] = int((f.argmax(axis=1) == Y.argmax(axis=1)).sum())
-    return out
-
-
-def _validation_score(engine: Engine, val: Dataset, encoding: TargetEncoding, task: str, spec: dict) -> float:
-    """Accuracy (classification) or minus the mean squared error on the validation rows."""
-    total = engine.map_reduce(val, _validation_partial, {"spec": spec, "encoding": encoding, "task": task},
-                              label="validation")
-    if task == "classification":
-        return total["correct"] / total["count"]
-    return -total["sq"] / total["count"]
-
-
-def _subset(data: Dataset, idx: np.ndarray) -> Dataset:
-    """The rows ``idx`` (sorted) of a dataset, lazily for store / dask input."""
-    if data.host is not None:
-        Xh, yh = data.host
-        return open_dataset(Xh[idx], None if yh is None else yh[idx])
-    return open_dataset(data.X[idx], None if data.y is None else data.y[idx])
 
 
 def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
@@ -442,9 +413,11 @@ class EigenProRegressor(_EigenProBase):
         every worker's share fits its cache budget, else bfloat16 if that fits,
         else recomputes rows each step ("off").
     early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows, score after each epoch,
-        stop after ``n_iter_no_change`` epochs without improvement and keep
-        the best epoch's model.
+        Hold out ``validation_fraction`` of the rows, score after each epoch
+        (accuracy, or R^2 for regression), stop after ``n_iter_no_change``
+        epochs without improvement and keep the best epoch's model.
+    validation_fraction : float, default=0.1
+    n_iter_no_change : int, default=2
     lanes, random_state, client, verbose, checkpoint, checkpoint_every, resume
         As in the other estimators.
 
@@ -455,6 +428,14 @@ class EigenProRegressor(_EigenProBase):
     eigenvalues_ : ndarray (q + 1,)
         Top eigenvalues of K(S, S) / s (or of the feature covariance).
     q_, batch_size_, step_size_, critical_batch_ : chosen settings
+    history_ : list of dict
+        Per epoch: ``epoch``, ``loss`` (mean squared residual of the
+        mini-batches), ``steps``, ``rows``, ``seconds`` and, with early
+        stopping, ``validation_score``.
+    validation_scores_ : list of float
+        The validation scores (early stopping only; empty otherwise).
+    best_epoch_ : int or None
+        Epoch whose model was kept (early stopping), else None.
     """
 
     _task = "regression"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from dkernel.data.dataset import open_dataset
 from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.estimators.base import BaseEstimator, apply_rows, check_predict_input
+from dkernel.estimators.history import clean_entry, history_meta, set_history
 from dkernel.kernels.zonal import ZonalFeatures
 from dkernel.solvers.sphere import (
     _kernel_eval,
@@ -84,6 +86,11 @@ class SphereRegressor(BaseEstimator):
         Points, averaged coefficients and levels (kernel form).
     recorded_n_ : ndarray
         Steps recorded for :meth:`staged_predict`.
+    history_ : list of dict
+        Per pass: ``epoch``, ``rows``, ``seconds`` and ``loss``, the mean
+        squared progressive residual (f_{n-1}(x_n) - y_n)^2 over the pass:
+        each point is predicted before it updates the model, so this is a
+        held-out error of the online estimator (not of the Polyak average).
 
     Examples
     --------
@@ -153,17 +160,20 @@ class SphereRegressor(BaseEstimator):
         payload = make_payload(d=d, s=self.s, theta=self.theta, eta0=self.eta0, t=self.t,
                                max_degree=self.max_degree, n_total=N, n_outputs=n_outputs,
                                form=self.form, input_map=self.input_map, scale=self.scale,
-                               block_size=self.block_size, record_at=tuple(self.record_at or ()))
+                               block_size=self.block_size, record_at=tuple(self.record_at or ()),
+                               n_rows=data.n_rows)
         check_step(float(self.eta0), d, float(self.s), payload["max_level"])
         # float64 chunks: the recurrences and triangular solves are checked to
         # 1e-10 against the per-point loop, which float32 inputs cannot give.
         options = dataclasses.replace(self._engine_options(), dtype="float64")
         with connect(self.client) as client:
+            t0 = time.time()  # the folds stamp each pass's end with the same (wall) clock
             state = Engine(client, options).scan(
                 data, sphere_prepare, sphere_fold, init_state(payload), payload,
                 n_epochs=int(self.n_epochs), fingerprint=fingerprint(payload), label="sphere",
                 pass_start=True)
         self._set_fitted(payload, state, data.n_inputs, N)
+        self.history_ = _pass_history(state, data.n_rows, t0)
         return self
 
     def _set_fitted(self, payload: dict, state: dict, n_inputs: int, N: int) -> None:
@@ -229,7 +239,7 @@ class SphereRegressor(BaseEstimator):
         self._check_fitted("form_")
         meta = {"form": self.form_, "d": self.d_, "max_level": self.max_level_,
                 "n_features_in": self.n_features_in_, "n_outputs": self.n_outputs_,
-                "n_steps": self.n_steps_}
+                "n_steps": self.n_steps_, **history_meta(self)}
         arrays: dict[str, np.ndarray] = {"recorded_n": self.recorded_n_}
         if self.form_ == "features":
             arrays.update(coef=self.coef_, recorded_coef=self.recorded_coef_)
@@ -243,9 +253,22 @@ class SphereRegressor(BaseEstimator):
         self.n_features_in_, self.n_outputs_ = meta["n_features_in"], meta["n_outputs"]
         self.n_steps_ = meta["n_steps"]
         self.recorded_n_ = arrays["recorded_n"]
+        set_history(self, meta)
         if self.form_ == "features":
             self.features_ = ZonalFeatures(**meta["features"])
             self.coef_, self.recorded_coef_ = arrays["coef"], arrays["recorded_coef"]
         else:
             self.support_, self.alpha_, self.level_ = arrays["support"], arrays["alpha"], arrays["level"]
             self.dual_coef_ = averaged_kernel_coefficients(self.alpha_, self.n_steps_)
+
+
+def _pass_history(state: dict, n_rows: int, t0: float) -> list[dict]:
+    """history_ from the scan's per-pass sums (:func:`dkernel.solvers.sphere.init_state`)."""
+    out, prev = [], t0
+    for e, (loss, end) in enumerate(zip(state["loss_sum"], state["pass_end"])):
+        # a resumed fit has no end time for passes folded before the restart
+        seconds = float(end - prev) if np.isfinite(end) and np.isfinite(prev) else None
+        out.append(clean_entry({"epoch": e + 1, "rows": int(n_rows), "seconds": seconds,
+                                "loss": float(loss) / n_rows}))
+        prev = end
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     sample_rows,
 )
+from dkernel.estimators.history import history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.solvers import oja
 
@@ -54,6 +56,9 @@ class StreamingKernelPCA(BaseEstimator):
         Orthonormal directions in feature space, ordered.
     explained_variance_ : ndarray (n_components,)
         Rayleigh quotients over the second half of the stream.
+    history_ : list of dict
+        The one pass: ``epoch``, ``rows``, ``seconds`` (including the
+        bandwidth sample) and ``variance``, the sum of ``explained_variance_``.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class StreamingKernelPCA(BaseEstimator):
         data = open_dataset(X)
         data.y = None
         with connect(self.client) as client:
+            t0 = time.perf_counter()
             bandwidth = resolve_bandwidth(
                 self.bandwidth, self.kernel, sample_rows(data, self.random_state, client)
             )
@@ -129,6 +135,10 @@ class StreamingKernelPCA(BaseEstimator):
             )
         V, lam = oja.ordered(state)
         self._set_fitted(features, n_blocks, V, lam, eta)
+        # one pass: its length, and the variance the components capture over
+        # the second half of the stream (the Rayleigh quotients above)
+        self.history_ = [{"epoch": 1, "rows": int(data.n_rows), "seconds": time.perf_counter() - t0,
+                          "variance": float(lam.sum())}]
         return self
 
     def _set_fitted(
@@ -167,6 +177,7 @@ class StreamingKernelPCA(BaseEstimator):
                 "features": self.features_.to_dict(),
                 "n_blocks": self.n_blocks_,
                 "step_size_": self.step_size_,
+                **history_meta(self),
             },
         )
 
@@ -178,6 +189,7 @@ class StreamingKernelPCA(BaseEstimator):
             arrays["explained_variance"],
             meta["step_size_"],
         )
+        set_history(self, meta)
 
 
 def _oja_block(Xb: Any, payload: dict, V: np.ndarray) -> Any:

@@ -170,6 +170,9 @@ class ComponentProgram(StepProgram):
     #: rows) takes eta m / batch_size (module docstring).
     batch_size: int = 0
     _record: dict = field(default_factory=dict, repr=False)
+    #: Row-weighted sum of the batches' centred score moments M since the
+    #: last :meth:`epoch_objective` (the per-epoch history of the estimators).
+    _epoch: dict = field(default_factory=dict, repr=False)
 
     partial = staticmethod(components_partial)
     wants_chunk = True
@@ -256,6 +259,8 @@ class ComponentProgram(StepProgram):
             + np.outer(mu_i[s], c_H)
             for s in range(len(self.features))
         ]
+        self._epoch["M"] = self._epoch.get("M", 0.0) + m * M
+        self._epoch["rows"] = self._epoch.get("rows", 0.0) + m
         eta = self.step_size / (1.0 + self.step_decay * step)
         A = state["coef0"]
         if self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
@@ -294,6 +299,26 @@ class ComponentProgram(StepProgram):
     def metrics(self, total: dict[str, Any]) -> dict[str, float]:
         m = float(total["count"])
         return {"trace": float(np.trace(total["HH"]) / m)}
+
+    def epoch_objective(self) -> dict[str, float | None]:
+        """The objective on the mini-batches since the last call (then reset),
+        from their centred score moments M, each batch scored before its step:
+        kpca ``variance`` = trace M, the variance the k scores capture (what
+        Oja's rule maximises); ksvd ``covariance`` = the sum of the singular
+        values of the cross moment M_xy; kcca ``correlation`` = the sum of the
+        canonical correlations between the two k-dimensional score spaces."""
+        acc, self._epoch = self._epoch, {}
+        if not acc.get("rows"):
+            return {}
+        M, k = acc["M"] / acc["rows"], self.n_components
+        if self.method == "kpca":
+            return {"variance": float(np.trace(M))}
+        if self.method == "ksvd":
+            return {"covariance": float(np.linalg.svd(M[:k, k:], compute_uv=False).sum())}
+        try:
+            return {"correlation": float(rotate_pair(M[:k, :k], M[k:, k:], M[:k, k:])[2].sum())}
+        except np.linalg.LinAlgError:  # a score space collapsed: no correlation to report
+            return {"correlation": None}
 
     def fingerprint(self) -> dict[str, Any]:
         return {

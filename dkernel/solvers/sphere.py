@@ -38,6 +38,7 @@ kernel    f = sum_i a_i K^{L_i}(x_i, .) over the points seen (Algorithm 1
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import numpy as np
@@ -151,8 +152,9 @@ def per_point_loop(S: np.ndarray, Y: np.ndarray, *, s: float, theta: float | Non
 def make_payload(*, d: int, s: float, theta: float | None, eta0: float, t: float,
                  max_degree: int | None, n_total: int, n_outputs: int, form: str,
                  input_map: str, scale: float, block_size: int,
-                 record_at: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Everything prepare/fold need (small: the basis is rebuilt from 4 numbers)."""
+                 record_at: tuple[int, ...] = (), n_rows: int | None = None) -> dict[str, Any]:
+    """Everything prepare/fold need (small: the basis is rebuilt from 4 numbers).
+    ``n_rows`` is the length of one pass (default: ``n_total``, one pass)."""
     max_level = int(truncation_levels([max(n_total, 1)], d, theta, max_degree)[0])
     if form == "auto":
         form = choose_form(d, n_total, max_level)
@@ -160,7 +162,8 @@ def make_payload(*, d: int, s: float, theta: float | None, eta0: float, t: float
                "max_degree": max_degree, "max_level": max_level, "n_total": int(n_total),
                "n_outputs": int(n_outputs), "form": form, "input_map": input_map,
                "scale": float(scale), "block_size": int(block_size),
-               "record_at": tuple(sorted(int(r) for r in record_at if 0 < r <= n_total))}
+               "record_at": tuple(sorted(int(r) for r in record_at if 0 < r <= n_total)),
+               "n_rows": int(n_total if n_rows is None else n_rows)}
     if form == "features":
         payload["features"] = ZonalFeatures(d, max_level, s)
     elif form != "kernel":
@@ -168,15 +171,23 @@ def make_payload(*, d: int, s: float, theta: float | None, eta0: float, t: float
     return payload
 
 
+def n_passes(payload: dict) -> int:
+    return max(1, -(-payload["n_total"] // max(payload["n_rows"], 1)))
+
+
 def init_state(payload: dict) -> dict[str, Any]:
     c, R = payload["n_outputs"], len(payload["record_at"])
+    # per pass: sum of the squared progressive residuals (f_{n-1}(x_n) - y_n)^2,
+    # averaged over outputs, and the wall-clock time the pass's last row was folded
+    P = n_passes(payload)
+    history = {"loss_sum": np.zeros(P), "pass_end": np.full(P, np.nan)}
     if payload["form"] == "features":
         F = payload["features"].n_features
         return {"coef": np.zeros((F, c)), "coef_sum": np.zeros((F, c)), "n": 0,
-                "recorded": np.zeros((R, F, c))}
+                "recorded": np.zeros((R, F, c)), **history}
     N = payload["n_total"]
     return {"support": np.zeros((N, payload["d"])), "alpha": np.zeros((N, c)),
-            "level": np.zeros(N, dtype=np.int64), "n": 0}
+            "level": np.zeros(N, dtype=np.int64), "n": 0, **history}
 
 
 def sphere_prepare(payload: dict, X: Any, y: Any, start: int = 0) -> dict[str, Any]:
@@ -225,6 +236,8 @@ def sphere_fold(state: dict, prep: dict, payload: dict) -> dict[str, Any]:
         coef, coef_sum, recorded = state["coef"].copy(), state["coef_sum"].copy(), state["recorded"].copy()
     else:
         support, alpha, level = state["support"].copy(), state["alpha"].copy(), state["level"].copy()
+    loss_sum, pass_end = state["loss_sum"].copy(), state["pass_end"].copy()
+    n_rows = payload["n_rows"]
     n = start
     for blk, lo, hi in _segments(start, m, B, payload["record_at"]):
         a = blk * B
@@ -242,12 +255,18 @@ def sphere_fold(state: dict, prep: dict, payload: dict) -> dict[str, Any]:
             p = _kernel_eval(S, support[:n], alpha[:n], level[:n], payload["d"], payload["s"])
             r = _solve_block(Mb, eta, p - Y)
             support[n : n + hi - lo], alpha[n : n + hi - lo], level[n : n + hi - lo] = S, -r, L
+        # r_i = eta_i (f_{i-1}(x_i) - y_i): the progressive (test-then-train) residual
+        np.add.at(loss_sum, np.minimum((n + np.arange(hi - lo)) // n_rows, len(loss_sum) - 1),
+                  ((r / eta[:, None]) ** 2).mean(axis=1))
         n += hi - lo
         if features and n in record:
             recorded[record[n]] = coef_sum / (n + 1)
+    if n % n_rows == 0 and n > start:  # a pass ended with this chunk
+        pass_end[min(n // n_rows, len(pass_end)) - 1] = time.time()
+    history = {"loss_sum": loss_sum, "pass_end": pass_end}
     if features:
-        return {"coef": coef, "coef_sum": coef_sum, "n": n, "recorded": recorded}
-    return {"support": support, "alpha": alpha, "level": level, "n": n}
+        return {"coef": coef, "coef_sum": coef_sum, "n": n, "recorded": recorded, **history}
+    return {"support": support, "alpha": alpha, "level": level, "n": n, **history}
 
 
 def _kernel_eval(S: np.ndarray, support: np.ndarray, alpha: np.ndarray, level: np.ndarray,
@@ -284,4 +303,4 @@ def fingerprint(payload: dict) -> dict:
     keys = ("d", "s", "theta", "eta0", "t", "max_degree", "max_level", "n_total", "n_outputs",
             "form", "input_map", "scale", "block_size", "record_at")
     return {"solver": "sphere", **{k: (list(payload[k]) if k == "record_at" else payload[k]) for k in keys},
-            "version": 1}
+            "version": 2}

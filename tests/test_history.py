@@ -1,0 +1,180 @@
+"""Training histories, DSG early stopping, and the pictures drawn from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dkernel import (
+    DSGClassifier,
+    DSGRegressor,
+    EigenProClassifier,
+    KernelCCA,
+    KernelPCA,
+    SphereRegressor,
+    StreamingKernelPCA,
+    load_model,
+)
+from dkernel.data import open_dataset
+from dkernel.datasets import make_blobs_classification, make_dai_ridge, make_sphere_polynomial
+from dkernel.estimators.history import split_validation
+
+
+def _validation_rows(X, y, fraction, seed):
+    _, val = split_validation(open_dataset(X, y), fraction, seed)
+    return val.host
+
+
+def test_dsg_early_stopping_stops_after_n_iter_no_change_and_keeps_the_best_epoch(client):
+    X, y = make_blobs_classification(3000, 6)
+    # a large constant step makes the validation accuracy oscillate, so the rule must fire
+    m = DSGClassifier(
+        bandwidth=2.0,
+        n_features=512,
+        n_epochs=20,
+        step_size=50.0,
+        step_decay=0.0,
+        early_stopping=True,
+        validation_fraction=0.2,
+        n_iter_no_change=2,
+        client=client,
+    ).fit(X, y)
+    scores = m.validation_scores_
+    assert len(m.history_) == len(scores) < 20
+    best = int(np.argmax(scores))
+    assert m.best_epoch_ == best + 1
+    # it stopped exactly n_iter_no_change epochs after the last improvement
+    assert len(scores) == best + 1 + 2 and max(scores[best + 1 :]) <= scores[best]
+    # the kept coefficients are the best epoch's: they score the best accuracy on the held-out rows
+    Xv, yv = _validation_rows(X, y, 0.2, m.random_state)
+    assert m.score(Xv, yv) == pytest.approx(scores[best], abs=1e-12)
+    for e, entry in enumerate(m.history_):
+        assert entry["epoch"] == e + 1 and entry["rows"] == 2400 and entry["steps"] >= 1
+        assert entry["seconds"] > 0 and np.isfinite(entry["loss"])
+
+
+def test_dsg_regressor_validation_score_is_r2_and_history_survives_save(client, tmp_path):
+    X, y = make_dai_ridge(1500, 2)
+    m = DSGRegressor(
+        bandwidth=1.0,
+        n_features=256,
+        n_epochs=3,
+        early_stopping=True,
+        n_iter_no_change=5,
+        client=client,
+    ).fit(X, y)
+    assert [e["epoch"] for e in m.history_] == [1, 2, 3]
+    Xv, yv = _validation_rows(X, y, 0.1, 0)
+    # without a stop, the best epoch is kept, and its R^2 on the held-out rows is the recorded one
+    assert m.score(Xv, yv) == pytest.approx(max(m.validation_scores_), rel=1e-5)
+    m.set_params(client=None)
+    m.save(tmp_path / "m.npz")
+    back = load_model(tmp_path / "m.npz")
+    assert back.history_ == m.history_ and back.best_epoch_ == m.best_epoch_
+    assert back.validation_scores_ == m.validation_scores_
+
+
+def test_without_early_stopping_every_epoch_runs_and_no_rows_are_held_out(client):
+    X, y = make_blobs_classification(1200, 4)
+    m = DSGClassifier(bandwidth=2.0, n_features=256, n_epochs=3, client=client).fit(X, y)
+    assert [e["rows"] for e in m.history_] == [1200] * 3
+    assert m.validation_scores_ == [] and m.best_epoch_ is None
+    assert all("validation_score" not in e for e in m.history_)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"validation_fraction": 1.0},
+        {"validation_fraction": 0},
+        {"n_iter_no_change": 0},
+        {"early_stopping": "yes"},
+    ],
+)
+def test_early_stopping_parameters_are_checked_before_work(bad):
+    X, y = make_blobs_classification(100, 4)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        DSGClassifier(**bad).fit(X, y)
+
+
+def test_eigenpro_history_has_loss_and_validation_score_per_epoch(client):
+    X, y = make_blobs_classification(800, 4)
+    m = EigenProClassifier(
+        bandwidth=2.0, n_epochs=4, early_stopping=True, n_iter_no_change=4, client=client
+    ).fit(X, y)
+    assert [e["epoch"] for e in m.history_] == [1, 2, 3, 4]
+    assert all(e["loss"] > 0 and 0 <= e["validation_score"] <= 1 for e in m.history_)
+    assert m.validation_scores_ == [e["validation_score"] for e in m.history_]
+    pytest.importorskip("matplotlib", reason="dkernel.plot needs the plot extra (matplotlib)")
+    from dkernel.plot import plot_model
+
+    fig = plot_model(m)
+    curve = next(a for a in fig.axes if "learning curve" in a.get_title())
+    spec = next(a for a in fig.axes if "spectrum" in a.get_title())
+    assert [line.get_label() for line in curve.get_lines()][:1] == ["training loss"]
+    assert spec.get_yscale() == "log" and f"q = {m.q_}" in [
+        t.get_text() for t in spec.get_legend().texts
+    ]
+    assert np.array_equal(spec.get_lines()[0].get_ydata(), m.eigenvalues_)
+
+
+def test_component_models_record_the_objective_they_maximise(client):
+    X, _ = make_dai_ridge(1500, 3)
+    kpca = KernelPCA(3, bandwidth=1.0, n_features=256, n_epochs=3, client=client).fit(X)
+    assert [e["epoch"] for e in kpca.history_] == [1, 2, 3]
+    assert all(e["loss"] is None and e["variance"] > 0 for e in kpca.history_)
+    # the captured variance climbs from the random start towards the top-3 eigenvalues' sum
+    assert kpca.history_[-1]["variance"] > kpca.history_[0]["variance"]
+    kcca = KernelCCA(2, bandwidth=1.0, n_features=256, n_epochs=2, client=client)
+    kcca.fit(X[:, :2], X[:, 2:])
+    assert all(0 < e["correlation"] <= 2 for e in kcca.history_)
+    pytest.importorskip("matplotlib", reason="dkernel.plot needs the plot extra (matplotlib)")
+    from dkernel.plot import learning_curve, spectrum
+
+    ax = learning_curve(kcca)
+    assert ax.get_ylabel() == "sum of correlations" and ax.get_lines()[0].get_ydata().size == 2
+    bars = spectrum(kpca).patches
+    assert [b.get_height() for b in bars] == pytest.approx(kpca.explained_variance_.tolist())
+
+
+def test_plot_says_what_is_missing():
+    pytest.importorskip("matplotlib", reason="dkernel.plot needs the plot extra (matplotlib)")
+    from dkernel.plot import learning_curve
+
+    with pytest.raises(ValueError, match="no training history"):
+        learning_curve(DSGClassifier())
+
+
+def test_scan_estimators_record_one_entry_per_pass(client):
+    X, y, _ = make_sphere_polynomial(2000, d=3, degree=3, random_state=0)
+    sph = SphereRegressor(theta=0.5, n_epochs=2, client=client).fit(X, y)
+    assert [e["epoch"] for e in sph.history_] == [1, 2]
+    assert all(e["rows"] == 2000 and e["seconds"] > 0 for e in sph.history_)
+    # the progressive error of the second pass is below the first's (the model has seen the data)
+    assert 0 < sph.history_[1]["loss"] < sph.history_[0]["loss"] < float(np.mean(y**2))
+    oja = StreamingKernelPCA(2, bandwidth=1.0, n_features=256, client=client).fit(X)
+    assert len(oja.history_) == 1
+    assert oja.history_[0]["variance"] == pytest.approx(float(oja.explained_variance_.sum()))
+
+
+def test_sphere_progressive_loss_matches_the_per_point_definition(client):
+    # f_{n-1}(x_n) - y_n on each row, by refitting on prefixes, for a small problem
+    X, y, _ = make_sphere_polynomial(60, d=3, degree=2, random_state=1)
+    kw = dict(theta=None, max_degree=3, eta0=0.3, form="kernel", block_size=7, client=client)
+    full = SphereRegressor(**kw).fit(X, y)
+    errs = []
+    for n in range(len(X)):
+        if n == 0:
+            pred = 0.0
+        else:
+            # the last iterate f_n (not the average): sum of the support's alpha_i K(x_i, .)
+            prefix = SphereRegressor(**kw).fit(X[:n], y[:n])
+            prefix.dual_coef_ = prefix.alpha_[:n]
+            pred = float(prefix.predict(X[n : n + 1])[0])
+        errs.append((pred - y[n]) ** 2)
+        if n == 12:
+            break
+    # the first 13 rows are inside the first chunk: compare with a 13-row fit's history
+    head = SphereRegressor(**kw).fit(X[:13], y[:13])
+    assert head.history_[0]["loss"] == pytest.approx(np.mean(errs), rel=1e-8)
+    assert full.history_[0]["rows"] == 60
