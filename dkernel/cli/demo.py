@@ -12,7 +12,7 @@ import json
 import os
 import time
 
-from dkernel.cli.common import add_cluster_args
+from dkernel.cli.common import add_cluster_args, cluster_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     make_store(test, max(1000, args.rows // 4), 10, chunk_rows=max(1, args.rows // 8),
                random_state=args.seed + 1, overwrite=True)
     print(f"[1/4] wrote {train} and {test} ({time.perf_counter() - t0:.1f}s)")
-    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+    with connect(**cluster_options(args)) as client:
         print(f"[2/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
               f"{client.scheduler.address}")
         t1 = time.perf_counter()

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from dkernel.cli.common import add_cluster_args, bandwidth_arg
+from dkernel.cli.common import add_cluster_args, cluster_options, bandwidth_arg
 
 
 def _build_dsg(args: argparse.Namespace) -> Any:
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
-    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+    with connect(**cluster_options(args)) as client:
         est.set_params(client=client)
         est.fit(args.store)
     est.set_params(client=None)

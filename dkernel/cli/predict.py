@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.cli.common import add_cluster_args
+from dkernel.cli.common import add_cluster_args, cluster_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def run_apply(args: argparse.Namespace) -> int:
         raise ValueError(f"{type(model).__name__} has no {args.method}; use "
                          f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'")
     data = open_dataset(args.store)
-    with connect(scheduler=args.scheduler, n_workers=args.workers):
+    with connect(**cluster_options(args)):
         if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
             # two-view models (KernelCCA / KernelSVD): the store's y is the second view
             outs = dict(zip(("Z", "Z_y"), model.transform(data.X, data.y)))
@@ -93,7 +93,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
-    with connect(scheduler=args.scheduler, n_workers=args.workers):
+    with connect(**cluster_options(args)):
         result = metrics(model, data.X, data.y)
     if args.json:
         print(json.dumps(result))
