@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from dkernel.cli.common import add_cluster_args, cluster_options, bandwidth_arg
+from dkernel.cli.common import add_cluster_args, bandwidth_arg, cluster_options
 
 
 def _build_dsg(args: argparse.Namespace) -> Any:
@@ -157,6 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.engine import connect
+    from dkernel.io import remove_file
 
     if args.solver not in SOLVERS:
         raise ValueError(f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}")
@@ -174,7 +175,6 @@ def run(args: argparse.Namespace) -> int:
         est.fit(args.store)
     est.set_params(client=None)
     est.save(args.out)
-    if os.path.exists(checkpoint):
-        os.unlink(checkpoint)
+    remove_file(checkpoint)  # a local path or a URL (s3://...)
     print(f"saved {type(est).__name__} to {args.out}", file=sys.stderr)
     return 0
