@@ -41,7 +41,7 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                   "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
-FORMATS = ("idx", "npy", "csv", "libsvm")
+FORMATS = ("idx", "npy", "csv", "libsvm", "parquet")
 
 # Default chunks hold at most ~32 MB of X (as in dkernel.data.dataset) and at
 # most DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
@@ -86,6 +86,8 @@ def guess_format(path: PathLike) -> str:
     name = os.path.basename(os.fspath(path)).lower().removesuffix(".gz")
     if name.endswith(".npy"):
         return "npy"
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
     if name.endswith((".csv", ".tsv")):
         return "csv"
     if name.endswith((".libsvm", ".svm", ".svmlight")):
@@ -106,11 +108,12 @@ def ingest(path: PathLike, out: PathLike, format: str | None = None,
         Input file.
     out : str or os.PathLike
         Output store (a zarr group holding ``X`` and usually ``y``).
-    format : {"idx", "npy", "csv", "libsvm"}, optional
+    format : {"idx", "npy", "csv", "libsvm", "parquet"}, optional
         Default: guessed from the file name (:func:`guess_format`).
     **options
-        Passed to :func:`ingest_idx`, :func:`ingest_npy`, :func:`ingest_csv` or
-        :func:`ingest_libsvm`.
+        Passed to :func:`ingest_idx`, :func:`ingest_npy`, :func:`ingest_csv`,
+        :func:`ingest_libsvm` or :func:`dkernel.data.tabular.ingest_parquet`
+        (read in parallel on the Dask workers).
 
     Returns
     -------
@@ -119,7 +122,10 @@ def ingest(path: PathLike, out: PathLike, format: str | None = None,
     """
     fmt = (format or guess_format(path)).lower()
     fmt = "libsvm" if fmt == "svmlight" else fmt
-    readers = {"idx": ingest_idx, "npy": ingest_npy, "csv": ingest_csv, "libsvm": ingest_libsvm}
+    from dkernel.data.tabular import ingest_parquet
+
+    readers = {"idx": ingest_idx, "npy": ingest_npy, "csv": ingest_csv, "libsvm": ingest_libsvm,
+               "parquet": ingest_parquet}
     if fmt not in readers:
         raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     return readers[fmt](path, out, **options)
