@@ -27,6 +27,7 @@ __all__ = ["ingest_parquet", "ingest_csv_parallel"]
 # A CSV partition is one byte range of the file; 64 MB keeps tasks coarse
 # (scheduling costs ~ms) yet each worker's memory at a few hundred MB.
 _CSV_BLOCK = 64 * 2**20
+_PARQUET_BLOCK = 64 * 2**20
 _CHUNK_BYTES = 32 * 2**20
 
 
@@ -69,7 +70,10 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         raise FileNotFoundError(f"{path}: no such Parquet file or folder")
     _check_out(out, overwrite)
     try:
-        ddf = dd.read_parquet(path, engine="pyarrow")
+        # Partitions of whole row groups, ~64 MB each: several per file, so
+        # one large file is still read by every worker.
+        ddf = dd.read_parquet(path, engine="pyarrow", split_row_groups="infer",
+                              blocksize=_PARQUET_BLOCK)
     except Exception as exc:  # pyarrow's error names the problem; keep one line
         raise ValueError(f"{path}: cannot read as Parquet ({_first_line(exc)})") from None
     return _ingest_frame(ddf, path, "parquet", out, target, dtype, chunk_rows, overwrite,
