@@ -43,7 +43,9 @@ def test_parquet_folder_is_ingested_on_the_workers_with_integer_labels(client, t
     X, y = _table(1000, 6, 0)
     src = _write_parquet(tmp_path / "table", X, y, parts=3)
     before = client.run(lambda dask_worker: dask_worker.state.executed_count)
-    out = ingest_parquet(src, tmp_path / "s.zarr", target="label", chunk_rows=128, client=client)
+    # tasks of two 128-row chunks: 4 tasks, their edges cutting the 97-row groups
+    out = ingest_parquet(src, tmp_path / "s.zarr", target="label", chunk_rows=128, client=client,
+                         blocksize=2 * 128 * 6 * 4)
     after = client.run(lambda dask_worker: dask_worker.state.executed_count)
     assert all(after[w] > before[w] for w in after), "every worker reads and writes chunks"
     g = zarr.open_group(out, mode="r")
@@ -78,16 +80,26 @@ def test_parquet_with_a_text_column_is_refused_naming_it_and_writes_nothing(clie
 
 
 def test_parquet_failing_while_workers_write_leaves_no_output(client, tmp_path):
-    # The third file holds a value that cannot become a number: found only
-    # when a worker reads it, after other chunks were written.
+    # The last file has a label missing: found only by the worker that reads
+    # it, while the other tasks write their chunks.
     X, y = _table(600, 2, 2)
     src = _write_parquet(tmp_path / "table", X, y, parts=3)
-    bad = pa.table({"f0": pa.array([1.0] * 10), "f1": pa.array([None] * 9 + ["oops"]),
-                    "label": pa.array([0] * 10)})
+    bad = pa.table({"f0": pa.array([1.0] * 10, pa.float32()), "f1": pa.array([2.0] * 10, pa.float32()),
+                    "label": pa.array([0] * 9 + [None], pa.int64())})
     pq.write_table(bad, os.path.join(src, "part-9.parquet"))
-    with pytest.raises(Exception):
-        ingest_parquet(src, tmp_path / "s.zarr", chunk_rows=64, client=client)
+    with pytest.raises(IngestError, match="target column 'label' has 1 missing value"):
+        ingest_parquet(src, tmp_path / "s.zarr", chunk_rows=64, client=client, blocksize=64 * 2 * 4)
     assert not (tmp_path / "s.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_parquet_files_with_different_columns_are_refused_naming_the_file(client, tmp_path):
+    X, y = _table(100, 2, 4)
+    src = _write_parquet(tmp_path / "table", X, y, parts=2)
+    pq.write_table(pa.table({"f0": [1.0], "other": [2.0], "label": [1]}),
+                   os.path.join(src, "part-5.parquet"))
+    with pytest.raises(IngestError, match="part-5.parquet: its columns differ"):
+        ingest_parquet(src, tmp_path / "s.zarr", client=client)
+    assert not (tmp_path / "s.zarr").exists()
 
 
 def test_csv_read_in_byte_ranges_equals_the_serial_reader_and_keeps_integer_labels(client,
