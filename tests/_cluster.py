@@ -8,9 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 RECIPE = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh"
 

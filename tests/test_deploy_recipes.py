@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,8 @@ def _dask_options(command: str) -> set[str]:
         from distributed.cli.dask_worker import main
     else:
         from distributed.cli.dask_scheduler import main
-    return {o for p in main.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    return {o for p in main.params
+            for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
 
 
 def _check_dask(argv: list[str]) -> None:

@@ -84,7 +84,8 @@ def test_parquet_failing_while_workers_write_leaves_no_output(client, tmp_path):
     # it, while the other tasks write their chunks.
     X, y = _table(600, 2, 2)
     src = _write_parquet(tmp_path / "table", X, y, parts=3)
-    bad = pa.table({"f0": pa.array([1.0] * 10, pa.float32()), "f1": pa.array([2.0] * 10, pa.float32()),
+    bad = pa.table({"f0": pa.array([1.0] * 10, pa.float32()),
+                    "f1": pa.array([2.0] * 10, pa.float32()),
                     "label": pa.array([0] * 9 + [None], pa.int64())})
     pq.write_table(bad, os.path.join(src, "part-9.parquet"))
     with pytest.raises(IngestError, match="target column 'label' has 1 missing value"):
