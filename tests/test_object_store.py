@@ -126,7 +126,9 @@ def test_ingest_to_s3_stores_the_csv_rows_and_integer_labels(s3, s3_store, csv_f
     data = open_dataset(s3_store)
     assert data.row_chunks == (CHUNK,) * (N_ROWS // CHUNK)
     np.testing.assert_array_equal(data.X.compute(scheduler="sync"), X.astype(np.float32))
-    np.testing.assert_array_equal(data.y.compute(scheduler="sync"), y)
+    labels = data.y.compute(scheduler="sync")
+    assert labels.dtype == np.int32  # integer labels stay integers
+    np.testing.assert_array_equal(labels, y)
     # nothing left of the temporary prefix the store was written under
     assert [k for k in fs.ls(BUCKET) if ".tmp-" in k] == []
 
