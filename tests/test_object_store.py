@@ -228,3 +228,25 @@ def test_fit_killed_mid_way_resumes_from_an_s3_checkpoint_to_the_same_model(s3, 
     for path in [log, *state.glob("*.log")]:
         text = path.read_text(errors="replace")
         assert SECRET not in text and KEY_ID not in text, path
+
+
+def test_parquet_on_s3_is_ingested_to_s3_by_the_workers(s3, cluster, csv_file):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, fs = s3
+    address, _ = cluster
+    _, X, y = csv_file
+    for i, rows in enumerate((slice(0, 1200), slice(1200, N_ROWS))):
+        cols = {f"x{j}": X[rows, j].astype(np.float32) for j in range(D)}
+        with fs.open(f"{BUCKET}/table/part-{i}.parquet", "wb") as f:
+            pq.write_table(pa.table({**cols, "label": y[rows].astype(np.int64)}), f,
+                           row_group_size=300)
+    url = f"s3://{BUCKET}/from-parquet.zarr"
+    assert main(["ingest", f"s3://{BUCKET}/table", "--format", "parquet", "--target", "label",
+                 "--chunk-rows", str(CHUNK), "--out", url, "--scheduler", address]) == 0
+    data = open_dataset(url)
+    np.testing.assert_array_equal(data.X.compute(scheduler="sync"), X.astype(np.float32))
+    labels = data.y.compute(scheduler="sync")
+    assert labels.dtype == np.int64 and np.array_equal(labels, y)
+    fs.invalidate_cache()
+    assert [k for k in fs.ls(BUCKET) if ".tmp-" in k] == []
