@@ -67,7 +67,10 @@ def test_cache_keeps_a_runs_first_blocks_when_its_cycle_outgrows_the_budget():
     try:
         with dask.config.set({"dkernel.cache-fraction": 1.0}):
             limit = cache.budget()
-            with dask.config.set({"dkernel.cache-fraction": 3.5 * block.nbytes / limit}):
+            # cache-live-seconds 0: run a counts as finished once it stops asking
+            # (test_shared_cluster.py covers a run that is still going)
+            with dask.config.set({"dkernel.cache-fraction": 3.5 * block.nbytes / limit,
+                                  "dkernel.cache-live-seconds": 0}):
                 for _ in range(3):  # three epochs of a cycle of 5 blocks, room for 3
                     for i in range(5):
                         cache.lookup_or_fill(("run-a", i), lambda i=i: fill(i), block.nbytes,

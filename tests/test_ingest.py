@@ -163,7 +163,20 @@ def test_csv_with_header_stores_the_named_target_as_y(tmp_path):
     g, X, y = read_store(out)
     np.testing.assert_array_equal(X, np.array([[1.5, 2], [-3, 0.4], [5, 6]], np.float32))
     np.testing.assert_array_equal(y, [0, 1, 2])
+    assert y.dtype == np.int32  # integer labels stay integers
     assert g.attrs["columns"] == ["a", "b"] and g.attrs["target"] == "label"
+    assert sorted(g.keys()) == ["X", "y"]
+
+
+def test_csv_labels_are_float32_unless_all_whole_and_int64_when_large(tmp_path):
+    (tmp_path / "f.csv").write_text("1,0.5\n2,3\n")
+    _, _, y = read_store(ingest_csv(tmp_path / "f.csv", tmp_path / "f.zarr", chunk_rows=1))
+    assert y.dtype == np.float32 and y.tolist() == [0.5, 3.0]
+    (tmp_path / "big.csv").write_text("1,3000000000\n2,-1\n3,7\n")
+    _, _, y = read_store(ingest_csv(tmp_path / "big.csv", tmp_path / "b.zarr", chunk_rows=2))
+    assert y.dtype == np.int64 and y.tolist() == [3000000000, -1, 7]
+    _, _, y = read_store(ingest_csv(tmp_path / "big.csv", tmp_path / "c.zarr", y_dtype="float64"))
+    assert y.dtype == np.float64
 
 
 def test_csv_without_header_defaults_to_last_column_target_or_none(tmp_path):

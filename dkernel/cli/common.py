@@ -65,6 +65,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         help="worker processes of the embedded LocalCluster (default: one per core)",
     )
 
+    # Certificates for a tls:// scheduler; without them the Dask configuration's
+    # (DASK_DISTRIBUTED__COMM__TLS__*) apply, see deploy/README.md.
+    p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of a tls:// scheduler")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate for a tls:// scheduler")
+    p.add_argument("--tls-key", metavar="PEM", help="client private key for a tls:// scheduler")
+
+
+def cluster_options(args: argparse.Namespace) -> dict:
+    """Keyword arguments of :func:`dkernel.engine.connect` from the cluster flags."""
+    from dkernel.engine.cluster import make_security
+
+    return {"scheduler": args.scheduler, "n_workers": args.workers,
+            "security": make_security(args.tls_ca_file, args.tls_cert, args.tls_key)}
+
 
 def add_output_args(
     p: argparse.ArgumentParser, *, json_output: bool = True, overwrite: bool = False

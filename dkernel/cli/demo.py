@@ -12,7 +12,14 @@ import json
 import os
 import time
 
-from dkernel.cli.common import add_cluster_args, add_command, add_output_args, check_output, emit
+from dkernel.cli.common import (
+    add_cluster_args,
+    add_command,
+    add_output_args,
+    check_output,
+    cluster_options,
+    emit,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(path, args.overwrite)
     os.makedirs(args.out, exist_ok=True)
     say = (lambda msg: None) if args.json else print  # --json: stdout holds only the result
-    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+    with connect(**cluster_options(args)) as client:
         say(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
             f"{client.scheduler.address}")
         t0 = time.perf_counter()

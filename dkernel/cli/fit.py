@@ -14,6 +14,7 @@ from dkernel.cli.common import (
     add_output_args,
     bandwidth_arg,
     check_output,
+    cluster_options,
     emit,
     status,
 )
@@ -374,6 +375,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.engine import connect
+    from dkernel.io import remove_file
 
     if args.solver not in SOLVERS:
         raise ValueError(
@@ -399,14 +401,13 @@ def run(args: argparse.Namespace) -> int:
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
     start = time.perf_counter()
-    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+    with connect(**cluster_options(args)) as client:
         est.set_params(client=client)
         est.fit(args.store)
     seconds = time.perf_counter() - start
     est.set_params(client=None)
     est.save(args.out)
-    if os.path.exists(checkpoint):
-        os.unlink(checkpoint)
+    remove_file(checkpoint)  # a local path or a URL (s3://...)
     status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
     if args.json:
         emit(

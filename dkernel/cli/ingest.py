@@ -6,14 +6,22 @@ import argparse
 import os
 import time
 
-from dkernel.cli.common import add_command, add_output_args, check_output, emit, status
+from dkernel.cli.common import (
+    add_cluster_args,
+    add_command,
+    add_output_args,
+    check_output,
+    cluster_options,
+    emit,
+    status,
+)
 from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
 
 # Options that only make sense for some formats: given for another, they are an error
 # rather than silently ignored.
 _FORMAT_OPTIONS = {
-    "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv",), "no_target": ("csv",),
-    "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
+    "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv", "parquet"),
+    "no_target": ("csv", "parquet"), "parallel": ("csv",), "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
 }
 _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "comma": ",",
                "semicolon": ";"}
@@ -21,7 +29,7 @@ _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "com
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "ingest", "convert idx / npy / CSV / libsvm files into a dataset store",
+        sub, "ingest", "convert idx / npy / CSV / libsvm / Parquet files into a dataset store",
         "Convert a file into a row-chunked, compressed zarr dataset store holding "
                     "X (and y), streaming one chunk at a time. 'dkernel ingest fashion-mnist "
                     "--out DIR' writes DIR/train.zarr and DIR/test.zarr.")
@@ -55,7 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="libsvm: number of input columns d of X "
                         "(default: largest index, by an extra pass)")
     p.add_argument("--zero-based", action="store_true", help="libsvm: indices start at 0, not 1")
+    p.add_argument("--parallel", action="store_true",
+                   help="csv: parse byte ranges of the file on the Dask workers (large files; "
+                        "parquet is always read on the workers)")
     add_output_args(p, overwrite=True)
+    add_cluster_args(p)
     p.set_defaults(func=run)
 
 
@@ -82,10 +94,24 @@ def run(args: argparse.Namespace) -> int:
             ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
         elif fmt == "npy":
             ing.ingest_npy(args.input, args.out, args.labels, **common)
-        elif fmt == "csv":
+        elif fmt in ("csv", "parquet"):
+            from dkernel.data import tabular
+            from dkernel.engine import connect
+
             target = None if args.no_target else (-1 if args.target is None else args.target)
-            ing.ingest_csv(args.input, args.out, target=target, header=args.header,
-                           delimiter=_delimiter(args.delimiter), **common)
+            if fmt == "csv" and not args.parallel:
+                ing.ingest_csv(args.input, args.out, target=target, header=args.header,
+                               delimiter=_delimiter(args.delimiter), **common)
+            else:  # read and written on the Dask workers
+                with connect(**cluster_options(args)) as client:
+                    if fmt == "parquet":
+                        tabular.ingest_parquet(args.input, args.out, target=target,
+                                               client=client, **common)
+                    else:
+                        tabular.ingest_csv_parallel(args.input, args.out, target=target,
+                                                    header=args.header,
+                                                    delimiter=_delimiter(args.delimiter),
+                                                    client=client, **common)
         else:
             ing.ingest_libsvm(args.input, args.out, n_features=args.n_inputs,
                               zero_based=args.zero_based, **common)

@@ -8,7 +8,13 @@ import argparse
 import json
 import time
 
-from dkernel.cli.common import add_cluster_args, add_command, add_output_args, check_output
+from dkernel.cli.common import (
+    add_cluster_args,
+    add_command,
+    add_output_args,
+    check_output,
+    cluster_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     rows = args.rows if args.rows is not None else int(args.gb * 1e9 // (4 * args.inputs))
     check_output(args.out, args.overwrite, flag="OUT")
     t0 = time.perf_counter()
-    with connect(scheduler=args.scheduler, n_workers=args.workers) as client:
+    with connect(**cluster_options(args)) as client:
         make_store(args.out, rows, args.inputs, chunk_rows=args.chunk_rows, kind=args.task,
                    random_state=args.seed, overwrite=args.overwrite, client=client,
                    progress=not args.quiet)

@@ -12,6 +12,7 @@ from dkernel.cli.common import (
     add_command,
     add_output_args,
     check_output,
+    cluster_options,
     emit,
     status,
 )
@@ -76,7 +77,7 @@ def run_apply(args: argparse.Namespace) -> int:
             f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'"
         )
     data = open_dataset(args.store)
-    with connect(scheduler=args.scheduler, n_workers=args.workers):
+    with connect(**cluster_options(args)):
         if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
             # two-view models (KernelCCA / KernelSVD): the store's y is the second view
             outs = dict(zip(("Z", "Z_y"), model.transform(data.X, data.y)))
@@ -168,7 +169,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
-    with connect(scheduler=args.scheduler, n_workers=args.workers):
+    with connect(**cluster_options(args)):
         result = metrics(model, data.X, data.y)
     emit(args, result)
     return 0

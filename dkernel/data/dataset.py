@@ -69,6 +69,44 @@ def _open_zarr_group(url: str, storage_options: dict | None):
         ) from None
 
 
+def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -> da.Array:
+    """``group[name]`` as a dask array whose name changes when the array is
+    rewritten.
+
+    The array's name is the identity of its chunks: workers cache blocks
+    derived from a chunk (feature blocks, kernel rows) under it, across fits
+    (:mod:`dkernel.engine.cache`).  Dask's own token for a zarr array depends
+    only on its path and metadata, so a store rewritten at the same path with
+    other data of the same shape kept its name, and a later fit on a
+    long-lived cluster would read blocks computed from the old data.  The
+    modification record of the array's metadata key (mtime and inode of a
+    local file, ETag / LastModified of an object) is part of the name: a
+    rewrite (``dkernel ingest --overwrite``, :func:`write_store`) writes a
+    new metadata file, hence a new name.
+    """
+    from dask.base import tokenize
+
+    arr = group[name]
+    stamp: Any = None
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(url if "://" in url else os.path.abspath(url),
+                                         **(storage_options or {}))
+        for meta in ("zarr.json", ".zarray"):  # zarr v3, v2
+            key = f"{root.rstrip('/')}/{name}/{meta}"
+            if fs.exists(key):
+                info = fs.info(key)
+                stamp = sorted((k, str(v)) for k, v in info.items()
+                               if k in ("mtime", "ino", "size", "ETag", "LastModified",
+                                        "created", "generation", "md5Hash"))
+                break
+    except (ImportError, OSError, ValueError):
+        stamp = None  # no file system record: the path and metadata alone name it
+    token = tokenize(url, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
+    return da.from_zarr(arr, name=f"from-zarr-{token}")
+
+
 def _visible_on_workers(arr: da.Array, url: str) -> da.Array:
     """Guard the chunk reads of a local store: zarr reads a chunk it cannot find
     as fill values, so a worker without the store (no shared file system)
@@ -154,9 +192,9 @@ def open_dataset(
         group = _open_zarr_group(source, storage_options)
         if "X" not in group:
             raise ValueError(f"store {source!r} has no array 'X' (found: {sorted(group.keys())})")
-        Xa = _visible_on_workers(da.from_zarr(group["X"]), source)
+        Xa = _visible_on_workers(_from_store(group, "X", source, storage_options), source)
         if y is None and "y" in group:
-            y = _visible_on_workers(da.from_zarr(group["y"]), source)
+            y = _visible_on_workers(_from_store(group, "y", source, storage_options), source)
         X = Xa
     in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
     if isinstance(X, (list, tuple)):

@@ -41,7 +41,7 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                   "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
-FORMATS = ("idx", "npy", "csv", "libsvm")
+FORMATS = ("idx", "npy", "csv", "libsvm", "parquet")
 
 # Default chunks hold at most ~32 MB of X (as in dkernel.data.dataset) and at
 # most DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
@@ -71,6 +71,9 @@ class _Source:
     y_dtype: np.dtype | None = None
     y_tail: tuple[int, ...] = ()
     attrs: dict = field(default_factory=dict)
+    #: y's dtype is decided once every label is seen: integers if all are
+    #: whole numbers (int32, or int64 if they need it), else float32.
+    y_auto: bool = False
 
 
 # ----------------------------------------------------------------- public API
@@ -86,6 +89,8 @@ def guess_format(path: PathLike) -> str:
     name = os.path.basename(os.fspath(path)).lower().removesuffix(".gz")
     if name.endswith(".npy"):
         return "npy"
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
     if name.endswith((".csv", ".tsv")):
         return "csv"
     if name.endswith((".libsvm", ".svm", ".svmlight")):
@@ -106,11 +111,12 @@ def ingest(path: PathLike, out: PathLike, format: str | None = None,
         Input file.
     out : str or os.PathLike
         Output store (a zarr group holding ``X`` and usually ``y``).
-    format : {"idx", "npy", "csv", "libsvm"}, optional
+    format : {"idx", "npy", "csv", "libsvm", "parquet"}, optional
         Default: guessed from the file name (:func:`guess_format`).
     **options
-        Passed to :func:`ingest_idx`, :func:`ingest_npy`, :func:`ingest_csv` or
-        :func:`ingest_libsvm`.
+        Passed to :func:`ingest_idx`, :func:`ingest_npy`, :func:`ingest_csv`,
+        :func:`ingest_libsvm` or :func:`dkernel.data.tabular.ingest_parquet`
+        (read in parallel on the Dask workers).
 
     Returns
     -------
@@ -119,7 +125,10 @@ def ingest(path: PathLike, out: PathLike, format: str | None = None,
     """
     fmt = (format or guess_format(path)).lower()
     fmt = "libsvm" if fmt == "svmlight" else fmt
-    readers = {"idx": ingest_idx, "npy": ingest_npy, "csv": ingest_csv, "libsvm": ingest_libsvm}
+    from dkernel.data.tabular import ingest_parquet
+
+    readers = {"idx": ingest_idx, "npy": ingest_npy, "csv": ingest_csv, "libsvm": ingest_libsvm,
+               "parquet": ingest_parquet}
     if fmt not in readers:
         raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     return readers[fmt](path, out, **options)
@@ -192,7 +201,7 @@ def ingest_npy(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
 
 def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
                header: bool | None = None, delimiter: str | None = "auto", dtype: Any = "float32",
-               y_dtype: Any = "float32", chunk_rows: int | None = None,
+               y_dtype: Any = "auto", chunk_rows: int | None = None,
                overwrite: bool = False) -> str:
     """Ingest a delimited text file (``.gz`` or not), read line by line.
 
@@ -211,8 +220,11 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
     delimiter : str or None, default "auto"
         Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
         else whitespace; None means runs of whitespace.
-    dtype, y_dtype : str or numpy.dtype, default "float32"
-        dtypes of ``X`` and ``y``.
+    dtype : str or numpy.dtype, default "float32"
+        dtype of ``X``.
+    y_dtype : str or numpy.dtype, default "auto"
+        dtype of ``y``; "auto": integer labels stay integers (int32, or int64
+        when they need it), any other target is float32.
     chunk_rows : int, optional
         Rows per chunk (default: at most 8192 rows and ~32 MB).
     overwrite : bool, default False
@@ -224,7 +236,10 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
         The output path.
     """
     _check_out(out, overwrite)
-    src = _csv_source(path, target, header, delimiter, np.dtype(y_dtype))
+    auto = isinstance(y_dtype, str) and y_dtype == "auto"
+    src = _csv_source(path, target, header, delimiter,
+                      np.dtype("float64") if auto else np.dtype(y_dtype))
+    src.y_auto = auto and src.y_dtype is not None
     return _ingest_one(out, src, chunk_rows, dtype, overwrite)
 
 
@@ -341,8 +356,12 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
         chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, _CHUNK_BYTES // row_bytes))
     check_positive("chunk_rows", chunk_rows, integer=True)
     X = create_array(group, "X", (chunk_rows, src.n_inputs), dtype, chunk_rows)
-    y = None if src.y_dtype is None else create_array(group, "y", (chunk_rows, *src.y_tail),
+    # y_auto: labels go to a float64 side array first (exact for integers up
+    # to 2**53) and are copied, chunk by chunk, into y once their type is known.
+    y_name = "_y_float64" if src.y_auto else "y"
+    y = None if src.y_dtype is None else create_array(group, y_name, (chunk_rows, *src.y_tail),
                                                       src.y_dtype, chunk_rows)
+    whole, lo, hi = True, 0.0, 0.0
     n = 0
     for Xb, yb in src.blocks(chunk_rows):
         k = Xb.shape[0]
@@ -352,9 +371,21 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
         if y is not None:
             y.resize((n + k, *src.y_tail))
             y[n:n + k] = yb.astype(src.y_dtype, copy=False)
+            if src.y_auto and k:
+                with np.errstate(invalid="ignore"):
+                    whole = whole and bool(np.all(np.isfinite(yb) & (yb == np.round(yb))))
+                lo, hi = min(lo, float(yb.min())), max(hi, float(yb.max()))
         n += k
     if n == 0:
         raise IngestError(f"{src.attrs.get('source')}: no data rows; nothing to ingest")
+    if y is not None and src.y_auto:
+        info = np.iinfo(np.int32)
+        final = (np.dtype("float32") if not whole else
+                 np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
+        out = create_array(group, "y", (n, *src.y_tail), final, chunk_rows)
+        for a in range(0, n, chunk_rows):
+            out[a:a + chunk_rows] = y[a:a + chunk_rows].astype(final)
+        del group[y_name]
     group.attrs.update(src.attrs)
     return n
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -16,19 +18,20 @@ DEFAULT_CHUNK_ROWS = 8192
 @contextmanager
 def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Any]:
     """Yield a new zarr group at a temporary sibling of ``path``; on success it
-    is renamed to ``path``, on failure removed (no partial output)."""
+    is moved to ``path``, on failure removed (no partial output).
+
+    Local paths are renamed into place.  Object stores (``s3://``, ...) have
+    no rename: the finished store is copied key by key on the server, the
+    group's own metadata (``zarr.json``) last, then the temporary prefix is
+    removed.  Until that last key lands there is no group at ``path`` --
+    opening it fails instead of reading missing chunks as zeros -- so a store
+    at ``path`` is always complete.
+    """
     import zarr
 
     path = os.fspath(path)
     if "://" in path and not path.startswith("file://"):
-        # Object stores have no atomic rename; write in place (but never over
-        # an existing store unless asked to).
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path)
-        if fs.exists(root) and not overwrite:
-            raise FileExistsError(f"{path!r} already exists; remove it or choose another output path")
-        yield zarr.open_group(path, mode="w")
+        yield from _atomic_object_store(path, overwrite)
         return
     path = path.removeprefix("file://")
     if os.path.exists(path) and not overwrite:
@@ -47,11 +50,51 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
         raise
 
 
+# The keys that make a folder of chunks a zarr group (v3, and v2's).
+_GROUP_METADATA = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
+
+
+def _atomic_object_store(url: str, overwrite: bool) -> Iterator[Any]:
+    import fsspec
+    import zarr
+
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    if fs.exists(root) and not overwrite:
+        raise FileExistsError(f"{url!r} already exists; remove it or choose another output path")
+    head, _, name = url.rstrip("/").rpartition("/")
+    tmp_url = f"{head}/.{name}.tmp-{uuid.uuid4().hex[:12]}"
+    _, tmp = fsspec.core.url_to_fs(tmp_url)
+    try:
+        yield zarr.open_group(tmp_url, mode="w")
+        fs.invalidate_cache()  # workers wrote chunks this process has not listed
+        keys = fs.find(tmp)
+        last = [k for k in keys if k.rpartition("/")[0] == tmp
+                and k.rpartition("/")[2] in _GROUP_METADATA]
+        body = [k for k in keys if k not in last]
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+        for batch in (body, last):
+            if batch:
+                fs.copy(batch, [root + k[len(tmp):] for k in batch])
+    finally:
+        try:
+            fs.rm(tmp, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
 def store_location(group: Any, path: str | os.PathLike) -> str:
-    """Where workers open ``group`` (from :func:`atomic_store`): the temporary
-    directory of a local store, the URL of a remote one."""
+    """Where workers open ``group`` (from :func:`atomic_store`): its temporary
+    directory or temporary object-store prefix, until it is renamed into place."""
     root = getattr(group.store, "root", None)
-    return str(root) if root is not None else os.fspath(path)
+    if root is not None:
+        return str(root)
+    fs, sub = getattr(group.store, "fs", None), getattr(group.store, "path", None)
+    if fs is not None and sub is not None:
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        return f"{protocol}://{sub}"
+    return os.fspath(path)
 
 
 def create_array(group: Any, name: str, shape: tuple, dtype: Any, chunk_rows: int) -> Any:

@@ -5,7 +5,9 @@ Regenerating a block costs O(rows x width x d) flops every epoch; keeping it
 turns later epochs into matrix-vector work (Falkon keeps K_nm in RAM when it
 fits).  The cache is bounded: it may use ``fraction`` of the worker's memory
 limit (dask config ``dkernel.cache-fraction``, default 0.4), evicts least
-recently used blocks of *other* runs, and :func:`lookup_or_fill` declines
+recently used blocks of *other* runs that have stopped asking for blocks
+(``dkernel.cache-live-seconds``, 60 s: a fit still running on a shared
+cluster keeps its blocks), and :func:`lookup_or_fill` declines
 blocks that do not fit so the caller computes only the rows it needs --
 streaming recomputation with O(chunk + model) memory.  Values are pure
 functions of their key, so a lost or evicted entry is simply recomputed.
@@ -21,7 +23,9 @@ fit before a restart) becomes the current run's on its first hit.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
@@ -32,6 +36,14 @@ _lock = threading.Lock()
 _entries: OrderedDict[Hashable, Any] = OrderedDict()
 _bytes = 0
 _stats = {"hits": 0, "misses": 0, "declined": 0}
+# Last time each owner asked for a block.  Blocks of an owner seen within
+# ``dkernel.cache-live-seconds`` (default 60 s) belong to a fit that is still
+# running -- possibly concurrently on the same worker -- and are not evicted
+# by another owner: concurrent fits on a shared cluster share the budget
+# first come, first served (a latecomer's blocks are declined and streamed)
+# instead of evicting each other's working sets every step.
+_seen: dict[Hashable, float] = {}
+_DEFAULT_LIVE_SECONDS = 60.0
 
 
 def budget() -> int:
@@ -50,9 +62,18 @@ def budget() -> int:
     return int(fraction * limit)
 
 
-def _room(limit: int, owner: Hashable | None) -> int:
+def _evictable(owner: Hashable | None, entry_owner: Hashable | None, now: float,
+               live: float) -> bool:
+    """Whether ``owner`` may evict a block of ``entry_owner`` (lock held): one
+    of another owner that has not asked for a block in ``live`` seconds."""
+    if owner is None:
+        return True
+    return entry_owner != owner and now - _seen.get(entry_owner, -math.inf) > live
+
+
+def _room(limit: int, owner: Hashable | None, now: float, live: float) -> int:
     """Bytes free once every entry ``owner`` may evict is gone (lock held)."""
-    evictable = sum(v.nbytes for v, o in _entries.values() if owner is None or o != owner)
+    evictable = sum(v.nbytes for v, o in _entries.values() if _evictable(owner, o, now, live))
     return limit - _bytes + evictable
 
 
@@ -63,7 +84,11 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
     else None (nothing computed).  ``owner`` names the run asking (None: any
     entry may be evicted, plain LRU)."""
     global _bytes
+    live = float(dask.config.get("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS))
     with _lock:
+        now = time.monotonic()
+        if owner is not None:
+            _seen[owner] = now
         if key in _entries:
             _entries.move_to_end(key)
             value, old_owner = _entries[key]
@@ -72,7 +97,7 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
             _stats["hits"] += 1
             return value
         limit = budget()
-        if nbytes > _room(limit, owner):
+        if nbytes > _room(limit, owner, now, live):
             _stats["declined"] += 1
             return None
     value = compute()
@@ -82,7 +107,7 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
         _stats["misses"] += 1
         if key in _entries:  # filled by another thread meanwhile
             return _entries[key][0]
-        for k in [k for k, (_, o) in _entries.items() if owner is None or o != owner]:
+        for k in [k for k, (_, o) in _entries.items() if _evictable(owner, o, now, live)]:
             if _bytes + value.nbytes <= limit:
                 break
             _bytes -= _entries.pop(k)[0].nbytes
@@ -101,6 +126,7 @@ def clear() -> None:
     global _bytes
     with _lock:
         _entries.clear()
+        _seen.clear()
         _bytes = 0
         for k in _stats:
             _stats[k] = 0

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.io import read_npz, write_npz_atomic
+from dkernel.io import file_exists, read_npz, remove_file, write_npz_atomic
 
 
 def split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -41,7 +41,7 @@ class Checkpointer:
 
     def load(self) -> tuple[dict[str, Any], int] | None:
         """(state, step) of an existing compatible checkpoint, or None if there is none."""
-        if self.path is None or not os.path.exists(self.path):
+        if self.path is None or not file_exists(self.path):
             return None
         arrays, meta = read_npz(self.path)
         if meta.get("kind") != "checkpoint":
@@ -56,5 +56,5 @@ class Checkpointer:
         return {**arrays, **meta["scalars"]}, int(meta["step"])
 
     def remove(self) -> None:
-        if self.path is not None and os.path.exists(self.path):
-            os.unlink(self.path)
+        if self.path is not None:
+            remove_file(self.path)

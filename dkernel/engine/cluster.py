@@ -5,31 +5,82 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any
 
 from distributed import Client, LocalCluster
+
+# What a client needs to reach a tls:// scheduler, as CLI flags and as the
+# Dask configuration keys (environment variables) distributed.Security reads.
+_TLS_SETTINGS = (("tls_ca_file", "--tls-ca-file", "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"),
+                 ("tls_client_cert", "--tls-cert", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT"),
+                 ("tls_client_key", "--tls-key", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"))
+
+
+def make_security(ca_file: str | None = None, cert: str | None = None,
+                  key: str | None = None) -> Any:
+    """A ``distributed.Security`` from PEM files; None when none is given (the
+    Dask configuration, e.g. ``DASK_DISTRIBUTED__COMM__TLS__*``, then applies).
+
+    A key may be omitted when ``cert`` holds the certificate and its key."""
+    if ca_file is None and cert is None and key is None:
+        return None
+    from distributed.security import Security
+
+    for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag} {path!r} does not exist or is not a file")
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    require_encryption=True)
+
+
+def _check_tls(address: str, security: Any) -> Any:
+    """The security to connect to ``address`` with; a one-line error naming the
+    missing TLS settings instead of Dask's "TLS expects a `ssl_context` argument"."""
+    if not address.startswith("tls://"):
+        return security
+    if security is None:
+        from distributed.security import Security
+
+        security = Security()  # reads the Dask configuration / environment
+    # The certificate may carry its key (one PEM file), so the key is optional.
+    missing = [(flag, env) for attr, flag, env in _TLS_SETTINGS[:2]
+               if not getattr(security, attr, None)]
+    if missing:
+        flags = "/".join(flag for _, flag, _ in _TLS_SETTINGS)
+        envs = ", ".join(e for _, _, e in _TLS_SETTINGS)
+        what = " and ".join(f"{flag} ({env})" for flag, env in missing)
+        raise ConnectionError(
+            f"the scheduler at {address} needs TLS, and this client has no {what}: pass "
+            f"{flags} or set {envs} (see deploy/README.md, TLS)")
+    return security
 
 
 @contextmanager
 def connect(client: Client | None = None, scheduler: str | None = None,
-            n_workers: int | None = None) -> Iterator[Client]:
+            n_workers: int | None = None, security: Any = None) -> Iterator[Client]:
     """Yield a client; anything created here is closed on exit.
 
     Order: ``client`` if given; else ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``);
     else the current default client; else a LocalCluster with one
-    single-threaded worker process per core.
+    single-threaded worker process per core.  ``security`` (a
+    ``distributed.Security``, see :func:`make_security`) is used for a
+    ``tls://`` scheduler; without it the Dask configuration's TLS settings are.
     """
     if client is not None:
         yield client
         return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:
+        security = _check_tls(address, security)
         try:
-            c = Client(address, timeout="20s")
+            c = Client(address, timeout="20s", security=security)
         except OSError as exc:
+            hint = ("; a scheduler serving TLS needs a tls:// address"
+                    if address.startswith("tcp://") else "")
             raise ConnectionError(
-                f"cannot reach a Dask scheduler at {address!r} ({exc}); start one with "
+                f"cannot reach a Dask scheduler at {address!r} ({exc}){hint}; start one with "
                 "'dask scheduler' (see deploy/) or omit --scheduler to use a local cluster"
             ) from None
         try:

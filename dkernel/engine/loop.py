@@ -174,6 +174,12 @@ class _ChunkSource:
         return [self._workers[c % len(self._workers)]] if self._workers else None
 
     def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
+        # Homes from the workers alive now (one scheduler query per group): a
+        # task restricted to a worker that is already gone waits in
+        # "no-worker" for ever should every worker have been replaced -- the
+        # scheduler does not apply allow_other_workers to such tasks when new
+        # workers join (distributed 2026.8).
+        self._workers = None
         if self.data.host is not None:
             if self._resident is None:
                 self._scatter_all()

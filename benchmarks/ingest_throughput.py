@@ -1,0 +1,95 @@
+"""Parquet ingest throughput: ``dkernel ingest`` (read on the workers, zarr
+chunks written by the workers) against a plain pyarrow read of the same file
+in the same run (DESIGN 4: timings are ratios against a peer).
+
+    python benchmarks/ingest_throughput.py --gb 1.0 --workers 2 --folder /tmp/ingest-bench
+
+Writes a Parquet file of random float32 features and an int64 label (random
+floats barely compress, so the file is about ``--gb`` GB), then times
+  * pyarrow: ``pyarrow.parquet.read_table`` (decode to Arrow, one process,
+    pyarrow's own thread pool), and the same plus the copy into one float32
+    NumPy matrix -- what any ingest must at least do;
+  * dkernel: :func:`dkernel.data.tabular.ingest_parquet` into a local zarr
+    store on a LocalCluster of ``--workers`` single-threaded processes
+    (started before the clock), including the compressed zarr writes.
+Throughput is the Parquet file's size divided by the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+
+
+def make_parquet(path: str, gb: float, d: int, seed: int = 0) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows_per_group = 131072
+    n_groups = max(1, int(gb * 2**30 / (rows_per_group * (4 * d + 8))))
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([(f"f{j}", pa.float32()) for j in range(d)] + [("label", pa.int64())])
+    with pq.ParquetWriter(path, schema, compression="snappy") as w:
+        for _ in range(n_groups):
+            X = rng.standard_normal((rows_per_group, d), dtype=np.float32)
+            y = rng.integers(0, 10, rows_per_group)
+            cols = [pa.array(X[:, j]) for j in range(d)] + [pa.array(y)]
+            w.write_table(pa.Table.from_arrays(cols, schema=schema), row_group_size=rows_per_group)
+    return n_groups * rows_per_group
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=1.0, help="approximate Parquet file size")
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--folder", default="/tmp/dkernel-ingest-bench")
+    args = ap.parse_args()
+
+    import pyarrow.parquet as pq
+    from distributed import Client, LocalCluster
+
+    from dkernel.data.tabular import ingest_parquet
+
+    os.makedirs(args.folder, exist_ok=True)
+    src = os.path.join(args.folder, "table.parquet")
+    out = os.path.join(args.folder, "table.zarr")
+    if not os.path.exists(src):
+        t = time.perf_counter()
+        n = make_parquet(src, args.gb, args.features)
+        print(f"wrote {src}: {n} rows x {args.features} in {time.perf_counter() - t:.1f} s")
+    mb = os.path.getsize(src) / 1e6
+    n = pq.ParquetFile(src).metadata.num_rows
+    print(f"input: {mb:.0f} MB Parquet, {n} rows x {args.features} float32 + int64 label")
+
+    t = time.perf_counter()
+    table = pq.read_table(src)
+    t_read = time.perf_counter() - t
+    X = np.empty((table.num_rows, args.features), np.float32)
+    for j in range(args.features):
+        X[:, j] = table.column(j).to_numpy()
+    t_numpy = time.perf_counter() - t
+    del table, X
+
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        shutil.rmtree(out, ignore_errors=True)
+        t = time.perf_counter()
+        ingest_parquet(src, out, target="label", client=client)
+        t_ingest = time.perf_counter() - t
+    zbytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
+    print(f"pyarrow read_table:             {t_read:7.2f} s  {mb / t_read:7.0f} MB/s")
+    print(f"pyarrow read_table + to NumPy:  {t_numpy:7.2f} s  {mb / t_numpy:7.0f} MB/s")
+    print(f"dkernel ingest ({args.workers} workers, zarr): {t_ingest:7.2f} s  "
+          f"{mb / t_ingest:7.0f} MB/s  ({t_numpy / t_ingest:.2f}x the NumPy read; "
+          f"store {zbytes / 1e6:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Entry point of the dkernel image: one image runs as scheduler, worker or job.
+#
+#   scheduler [dask scheduler options]   a Dask scheduler on :8786, dashboard on :8787
+#   worker    [dask worker options]      workers for $DASK_SCHEDULER_ADDRESS, one thread per process
+#   job       DKERNEL-ARGS...            a dkernel command, e.g. job fit /data/train.zarr --out ...
+#   dask-scheduler / dask-worker ARGS    as "dask scheduler/worker ARGS" (the Helm chart's commands)
+#   anything else                        run as given (dask ..., a shell, python, ...)
+set -euo pipefail
+
+role="${1:-job}"
+[[ $# -gt 0 ]] && shift
+case "$role" in
+    scheduler)
+        exec dask scheduler --host 0.0.0.0 --port "${DASK_SCHEDULER_PORT:-8786}" \
+            --dashboard-address ":${DASK_DASHBOARD_PORT:-8787}" "$@"
+        ;;
+    worker)
+        : "${DASK_SCHEDULER_ADDRESS:?set DASK_SCHEDULER_ADDRESS, e.g. tcp://scheduler:8786}"
+        # One single-threaded process per core (NumPy/BLAS brings its own
+        # threads; see deploy/README.md), memory split between them.
+        exec dask worker "$DASK_SCHEDULER_ADDRESS" \
+            --nworkers "${DKERNEL_WORKERS:-$(nproc)}" --nthreads 1 \
+            --memory-limit "${DKERNEL_MEMORY_LIMIT:-auto}" \
+            --local-directory "${DKERNEL_LOCAL_DIRECTORY:-/tmp/dask-worker-space}" \
+            --death-timeout 60 "$@"
+        ;;
+    job)
+        exec dkernel "$@"
+        ;;
+    dask-scheduler | dask-worker)
+        # the pre-2023 command names, still used by the "dask" Helm chart
+        exec dask "${role#dask-}" "$@"
+        ;;
+    *)
+        exec "$role" "$@"
+        ;;
+esac

@@ -1,0 +1,104 @@
+"""A dkernel fit on an HPC batch system (SLURM or PBS) with dask-jobqueue.
+
+Run it on a login node (it is the client and runs the scheduler; the
+workers are batch jobs)::
+
+    pip install dkernel dask-jobqueue
+    python deploy/jobqueue/fit_on_hpc.py --system slurm --jobs 4 --queue normal \\
+        --account myproject --memory 16GiB --processes 4 --local-directory '$TMPDIR' \\
+        /shared/data/train.zarr --out /shared/models/dsg.npz -- --features 8192 --epochs 5
+
+``--print-job-script`` prints the batch script a worker job is submitted with
+and exits (no batch system needed).  Arguments after ``--`` go to
+``dkernel fit`` unchanged.  The store and the model path must be on a file
+system every node sees under the same path (or an s3:// URL).
+
+Worker settings are dkernel's: single-threaded worker processes (``cores``
+equals ``processes``, so one thread each: NumPy/BLAS brings its own
+threads), a memory limit per process, and a node-local scratch folder for
+spilling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+SYSTEMS = ("slurm", "pbs")
+
+
+def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4GiB",
+                 local_directory: str = "/tmp", queue: str | None = None,
+                 account: str | None = None, walltime: str = "01:00:00",
+                 python: str | None = None, **kwargs: Any) -> Any:
+    """A dask-jobqueue cluster whose every job runs ``processes`` worker
+    processes with one thread each, ``memory`` per job split between them.
+
+    Nothing is submitted until ``cluster.scale(jobs=N)``."""
+    import dask_jobqueue
+
+    if system not in SYSTEMS:
+        raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {system!r}")
+    cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster}[system]
+    kwargs.setdefault("scheduler_options", {"dashboard_address": ":8787"})
+    return cls(
+        cores=processes,          # = processes: one thread per worker process
+        processes=processes,
+        memory=memory,            # per job; each process gets memory / processes
+        local_directory=local_directory,
+        queue=queue,
+        account=account,
+        walltime=walltime,
+        python=python or sys.executable,
+        # workers exit by themselves should the scheduler (this script) go away
+        worker_extra_args=["--death-timeout", "120"],
+        **kwargs,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fit_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, fit_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("store", nargs="?", help="dataset store (shared path or s3:// URL)")
+    p.add_argument("--out", help="model file (shared path or s3:// URL)")
+    p.add_argument("--system", choices=SYSTEMS, default="slurm")
+    p.add_argument("--jobs", type=int, default=2, help="batch jobs of workers")
+    p.add_argument("--processes", type=int, default=1, help="worker processes per job")
+    p.add_argument("--memory", default="4GiB", help="memory per job")
+    p.add_argument("--local-directory", default="/tmp", help="node-local scratch folder")
+    p.add_argument("--queue")
+    p.add_argument("--account")
+    p.add_argument("--walltime", default="01:00:00")
+    p.add_argument("--dashboard-address", default=":8787", help="the scheduler's dashboard")
+    p.add_argument("--print-job-script", action="store_true",
+                   help="print a worker job's batch script and exit")
+    args = p.parse_args(argv)
+    cluster = make_cluster(args.system, processes=args.processes, memory=args.memory,
+                           local_directory=args.local_directory, queue=args.queue,
+                           account=args.account, walltime=args.walltime,
+                           scheduler_options={"dashboard_address": args.dashboard_address})
+    with cluster:
+        if args.print_job_script:
+            print(cluster.job_script())
+            return 0
+        if not args.store or not args.out:
+            p.error("give STORE and --out (or --print-job-script)")
+        from distributed import Client
+
+        from dkernel.cli import main as dkernel
+
+        cluster.scale(jobs=args.jobs)
+        with Client(cluster) as client:
+            # the fit starts once the first jobs run; more workers join as they start
+            client.wait_for_workers(args.processes, timeout=3600)
+            return dkernel(["fit", args.store, "--scheduler", cluster.scheduler_address,
+                            "--out", args.out, *fit_args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Parallel ingest on the Dask workers: Parquet (pyarrow) and large CSV files
+(byte ranges, pandas' pyarrow engine) -> row-chunked zarr stores written by
+the workers, complete or absent, with integer labels kept integers."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+pa = pytest.importorskip("pyarrow", reason="Parquet ingest reads with pyarrow")
+pq = pytest.importorskip("pyarrow.parquet", reason="Parquet ingest reads with pyarrow")
+
+from dkernel.cli import main  # noqa: E402
+from dkernel.data import open_dataset  # noqa: E402
+from dkernel.data.ingest import IngestError, ingest, ingest_csv  # noqa: E402
+from dkernel.data.tabular import ingest_csv_parallel, ingest_parquet  # noqa: E402
+
+
+def _table(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, d)).astype(np.float32), rng.integers(0, 7, n).astype(np.int64)
+
+
+def _write_parquet(folder, X, y, parts: int) -> str:
+    """A folder of ``parts`` Parquet files, each with several row groups."""
+    os.makedirs(folder, exist_ok=True)
+    for i, (Xi, yi) in enumerate(zip(np.array_split(X, parts), np.array_split(y, parts))):
+        cols = {f"f{j}": Xi[:, j] for j in range(X.shape[1])}
+        cols["label"] = yi
+        pq.write_table(pa.table(cols), os.path.join(folder, f"part-{i}.parquet"),
+                       row_group_size=97)
+    return str(folder)
+
+
+def _leftovers(folder) -> list[str]:
+    return [n for n in os.listdir(folder) if ".tmp-" in n]
+
+
+def test_parquet_folder_is_ingested_on_the_workers_with_integer_labels(client, tmp_path):
+    X, y = _table(1000, 6, 0)
+    src = _write_parquet(tmp_path / "table", X, y, parts=3)
+    before = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    # tasks of two 128-row chunks: 4 tasks, their edges cutting the 97-row groups
+    out = ingest_parquet(src, tmp_path / "s.zarr", target="label", chunk_rows=128, client=client,
+                         blocksize=2 * 128 * 6 * 4)
+    after = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert all(after[w] > before[w] for w in after), "every worker reads and writes chunks"
+    g = zarr.open_group(out, mode="r")
+    assert g["X"].chunks == (128, 6) and g["X"].dtype == np.float32
+    np.testing.assert_array_equal(g["X"][:], X)
+    assert g["y"].dtype == np.int64  # integer labels stay integers
+    np.testing.assert_array_equal(g["y"][:], y)
+    assert g.attrs["columns"] == [f"f{j}" for j in range(6)] and g.attrs["target"] == "label"
+    assert _leftovers(tmp_path) == []
+    data = open_dataset(out)  # a valid dataset store: aligned X / y chunks
+    assert data.n_rows == 1000 and data.n_chunks == 8
+
+
+def test_parquet_single_file_through_ingest_and_the_cli(client, tmp_path, capsys):
+    X, y = _table(300, 3, 1)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": X[:, 0], "label": y, "b": X[:, 1], "c": X[:, 2]}), path)
+    out = ingest(path, tmp_path / "api.zarr", target="label", chunk_rows=100, client=client)
+    np.testing.assert_array_equal(zarr.open_group(out, mode="r")["X"][:], X)
+    assert main(["ingest", str(path), "--out", str(tmp_path / "cli.zarr"), "--target", "label",
+                 "--chunk-rows", "100", "--scheduler", client.scheduler.address]) == 0
+    printed = capsys.readouterr().out
+    assert "X 300 x 3 float32, y (300,) int64, 3 chunk(s) of 100 rows" in printed, printed
+
+
+def test_parquet_with_a_text_column_is_refused_naming_it_and_writes_nothing(client, tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": [1.0, 2.0], "city": ["x", "y"], "label": [0, 1]}), path)
+    with pytest.raises(IngestError, match="column 'city' is .*not numeric"):
+        ingest_parquet(path, tmp_path / "s.zarr", client=client)
+    assert not (tmp_path / "s.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_parquet_failing_while_workers_write_leaves_no_output(client, tmp_path):
+    # The last file has a label missing: found only by the worker that reads
+    # it, while the other tasks write their chunks.
+    X, y = _table(600, 2, 2)
+    src = _write_parquet(tmp_path / "table", X, y, parts=3)
+    bad = pa.table({"f0": pa.array([1.0] * 10, pa.float32()),
+                    "f1": pa.array([2.0] * 10, pa.float32()),
+                    "label": pa.array([0] * 9 + [None], pa.int64())})
+    pq.write_table(bad, os.path.join(src, "part-9.parquet"))
+    with pytest.raises(IngestError, match="target column 'label' has 1 missing value"):
+        ingest_parquet(src, tmp_path / "s.zarr", chunk_rows=64, client=client, blocksize=64 * 2 * 4)
+    assert not (tmp_path / "s.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_parquet_files_with_different_columns_are_refused_naming_the_file(client, tmp_path):
+    X, y = _table(100, 2, 4)
+    src = _write_parquet(tmp_path / "table", X, y, parts=2)
+    pq.write_table(pa.table({"f0": [1.0], "other": [2.0], "label": [1]}),
+                   os.path.join(src, "part-5.parquet"))
+    with pytest.raises(IngestError, match="part-5.parquet: its columns differ"):
+        ingest_parquet(src, tmp_path / "s.zarr", client=client)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_csv_read_in_byte_ranges_equals_the_serial_reader_and_keeps_integer_labels(client,
+                                                                                   tmp_path):
+    X, y = _table(2000, 4, 3)
+    path = tmp_path / "d.csv"
+    with open(path, "w") as f:
+        f.write("a,b,c,d,label\n")
+        for row, label in zip(X, y):
+            f.write(",".join(repr(float(v)) for v in row) + f",{label}\n")
+    # 8 kB byte ranges: ~10 partitions whose row counts do not match the chunks
+    out = ingest_csv_parallel(path, tmp_path / "p.zarr", chunk_rows=300, client=client,
+                              blocksize=8192)
+    serial = ingest_csv(path, tmp_path / "s.zarr", chunk_rows=300)
+    gp, gs = zarr.open_group(out, mode="r"), zarr.open_group(serial, mode="r")
+    np.testing.assert_array_equal(gp["X"][:], gs["X"][:])
+    np.testing.assert_array_equal(gp["X"][:], X)
+    assert gp["y"].dtype.kind == "i"  # the serial reader stores float32 labels
+    np.testing.assert_array_equal(gp["y"][:], y)
+    assert gp["X"].chunks == (300, 4)
+
+
+def test_cli_parallel_csv_without_header_and_no_target(client, tmp_path, capsys):
+    (tmp_path / "d.csv").write_text("".join(f"{i} {2 * i}\n" for i in range(50)))
+    assert main(["ingest", str(tmp_path / "d.csv"), "--out", str(tmp_path / "s.zarr"),
+                 "--parallel", "--no-target", "--chunk-rows", "20",
+                 "--scheduler", client.scheduler.address]) == 0
+    assert "X 50 x 2 float32, 3 chunk(s) of 20 rows" in capsys.readouterr().out
+    X = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["X"][:]
+    np.testing.assert_array_equal(X[:, 1], 2 * np.arange(50))
