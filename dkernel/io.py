@@ -78,8 +78,12 @@ def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
 def save_model(estimator: Any, path: str | os.PathLike) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
     arrays, meta = estimator._get_model_state()
+    params = estimator.get_params()
+    if not isinstance(params.get("random_state", 0), (int, np.integer)):
+        # None / RandomState / Generator: the file keeps the integer seed the fit used
+        params["random_state"] = getattr(estimator, "random_state_", None)
     write_npz_atomic(path, arrays, {"kind": "model", "estimator": type(estimator).__name__,
-                                    "params": _jsonable(estimator.get_params()), **meta})
+                                    "params": _jsonable(params), **meta})
 
 
 def load_model(path: str | os.PathLike) -> Any:

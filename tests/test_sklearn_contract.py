@@ -122,7 +122,9 @@ def test_clone_shares_the_client_and_copies_every_other_parameter(checks_client)
     assert clone(DSGRegressor()).client is None
 
 
-def test_random_state_accepts_none_int_randomstate_and_generator(checks_client):
+def test_random_state_accepts_none_int_randomstate_and_generator(checks_client, tmp_path):
+    from dkernel.io import load_model
+
     X, y = _labelled_frame(300)
     fits = {}
     for name, rs in [("int", 7), ("none", None), ("rs", np.random.RandomState(1)),
@@ -131,12 +133,16 @@ def test_random_state_accepts_none_int_randomstate_and_generator(checks_client):
         assert isinstance(m.random_state_, int) and m.random_state_ >= 0
         fits[name] = m
     assert fits["int"].random_state_ == 7  # an int is the seed itself: old models refit the same
+    fits["gen"].save(str(tmp_path / "m.npz"))  # the file keeps the seed the fit used
+    assert load_model(tmp_path / "m.npz").random_state == fits["gen"].random_state_
     again = DSGClassifier(n_features=64, n_epochs=1, random_state=np.random.RandomState(1),
                           client=checks_client).fit(X, y)
     assert again.random_state_ == fits["rs"].random_state_
     np.testing.assert_array_equal(again.coef_, fits["rs"].coef_)
     with pytest.raises(ValueError, match="random_state must be None, a non-negative integer"):
         DSGClassifier(random_state="seven").fit(X, y)
+    with pytest.raises(ValueError, match="resume=True needs an integer random_state"):
+        DSGClassifier(random_state=None, resume=True, checkpoint=str(tmp_path / "c.npz")).fit(X, y)
 
 
 def test_binary_decision_function_is_one_column_that_agrees_with_predict(checks_client):
