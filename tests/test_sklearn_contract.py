@@ -91,7 +91,7 @@ def _labelled_frame(n=600, seed=0):
     return X, pd.Series(names[y], name="species")
 
 
-def test_grid_search_over_a_pipeline_on_a_dataframe_with_string_labels_predicts_the_strings(checks_client):
+def test_grid_search_over_a_pipeline_on_a_frame_with_string_labels_predicts_strings(checks_client):
     X, y = _labelled_frame()
     pipe = Pipeline([("scale", StandardScaler()),
                      ("dsg", DSGClassifier(n_features=256, batch_size=64, client=checks_client))])
@@ -129,7 +129,8 @@ def test_random_state_accepts_none_int_randomstate_and_generator(checks_client, 
     fits = {}
     for name, rs in [("int", 7), ("none", None), ("rs", np.random.RandomState(1)),
                      ("gen", np.random.default_rng(1))]:
-        m = DSGClassifier(n_features=64, n_epochs=1, random_state=rs, client=checks_client).fit(X, y)
+        m = DSGClassifier(n_features=64, n_epochs=1, random_state=rs,
+                          client=checks_client).fit(X, y)
         assert isinstance(m.random_state_, int) and m.random_state_ >= 0
         fits[name] = m
     assert fits["int"].random_state_ == 7  # an int is the seed itself: old models refit the same

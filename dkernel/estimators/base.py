@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse
 import sklearn.base
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import NotFittedError  # what every estimator raises before fit
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
@@ -29,8 +29,6 @@ from dkernel.kernels.exact import check_kernel
 # stable to a few percent and costs milliseconds.
 _BANDWIDTH_SAMPLE = 1000
 
-
-__all__ = ["NotFittedError"]  # scikit-learn's, raised by every estimator before fit
 
 #: Largest seed a resolved ``random_state`` takes (what NumPy's legacy seeding accepts).
 _MAX_SEED = 2**31 - 1
@@ -67,7 +65,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         # dense rows only: random features of sparse rows are dense anyway (see
-        # validate_fit_input for what to do with sparse data)
+        # check_not_sparse for what to do with sparse data)
         tags.input_tags.sparse = False
         tags.input_tags.allow_nan = False
         return tags
