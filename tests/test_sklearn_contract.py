@@ -196,8 +196,9 @@ def test_string_labels_survive_a_model_file(checks_client, tmp_path):
     m = EigenProClassifier(n_epochs=1, client=checks_client).fit(X, y)
     m.save(str(tmp_path / "m.npz"))
     back = load_model(tmp_path / "m.npz")
-    np.testing.assert_array_equal(back.predict(X.to_numpy()), m.predict(X.to_numpy()))
-    assert back.predict(X.to_numpy()).dtype.kind == "U"
+    pred = back.predict(X)
+    np.testing.assert_array_equal(pred, m.predict(X))
+    assert pred.dtype.kind == "U" and list(back.feature_names_in_) == list(X.columns)
 
 
 def test_score_on_a_store_path_reads_its_targets(checks_client, tmp_path):
@@ -208,6 +209,9 @@ def test_score_on_a_store_path_reads_its_targets(checks_client, tmp_path):
     path = write_store(tmp_path / "s.zarr", X, y, chunk_rows=100)
     m = DSGRegressor(n_features=128, n_epochs=1, client=checks_client).fit(path)
     assert m.score(path) == pytest.approx(m.score(X, y), abs=1e-5)
+    kcca = KernelCCA(1, n_features=64, n_epochs=1, init="random", preconditioner=None,
+                     client=checks_client).fit(path)
+    assert kcca.score(path) == pytest.approx(kcca.score(X, y), abs=1e-5)
 
 
 def test_in_memory_inputs_never_send_a_large_graph(checks_client):

@@ -24,6 +24,7 @@ from dkernel.estimators.base import (
     resolve_bandwidth,
     resolve_random_state,
     sample_rows,
+    score_targets,
     validate_fit_input,
     validate_predict_input,
 )
@@ -473,8 +474,10 @@ class _TwoViewBase(_ComponentsBase):
         y = check_predict_input(y, self.n_features_y_, "Y")
         return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, y)
 
-    def canonical_correlations(self, X: Any, y: Any) -> np.ndarray:
-        """Correlation of each pair of scores on (held-out) data, shape (n_components,)."""
+    def canonical_correlations(self, X: Any, y: Any = None) -> np.ndarray:
+        """Correlation of each pair of scores on (held-out) data, shape (n_components,);
+        y may be omitted for a store whose array ``y`` holds the second view."""
+        X, y = score_targets(X, y)
         xs, ys = self.transform(X, y)
         xp = da if isinstance(xs, da.Array) or isinstance(ys, da.Array) else np
         xs, ys = xs.astype(np.float64), ys.astype(np.float64)
@@ -485,7 +488,7 @@ class _TwoViewBase(_ComponentsBase):
         sxy, sxx, syy = (np.asarray(p) for p in parts)
         return sxy / np.sqrt(sxx * syy)
 
-    def score(self, X: Any, y: Any) -> float:
+    def score(self, X: Any, y: Any = None) -> float:
         """Sum of the canonical correlations of the pairs of scores on views (X, y)."""
         return float(np.sum(self.canonical_correlations(X, y)))
 
