@@ -265,6 +265,8 @@ def validate_fit_input(est: Any, X: Any, y: Any = None, *, target: str,
             try:
                 check_classification_targets(y)
             except ValueError as exc:
+                if "Unknown label type" not in str(exc):
+                    raise
                 raise ValueError(f"{exc}; classification needs discrete labels (use a regressor "
                                  "for continuous targets)") from None
             labels, codes = np.unique(y, return_inverse=True)
