@@ -158,8 +158,14 @@ def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
 def save_model(estimator: Any, path: str | os.PathLike) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
     arrays, meta = estimator._get_model_state()
+    params = estimator.get_params()
+    if not isinstance(params.get("random_state", 0), (int, np.integer)):
+        # None / RandomState / Generator: the file keeps the integer seed the fit used
+        params["random_state"] = getattr(estimator, "random_state_", None)
+    if hasattr(estimator, "feature_names_in_"):  # DataFrame columns seen by fit
+        meta = {**meta, "feature_names_in": [str(c) for c in estimator.feature_names_in_]}
     write_npz_atomic(path, arrays, {"kind": "model", "estimator": type(estimator).__name__,
-                                    "params": _jsonable(estimator.get_params()), **meta})
+                                    "params": _jsonable(params), **meta})
 
 
 def load_model(path: str | os.PathLike) -> Any:
@@ -174,6 +180,8 @@ def load_model(path: str | os.PathLike) -> Any:
         raise ValueError(f"{os.fspath(path)!r} holds an unknown estimator {meta['estimator']!r}")
     est = cls(**meta["params"])
     est._set_model_state(arrays, meta)
+    if "feature_names_in" in meta:
+        est.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     return est
 
 

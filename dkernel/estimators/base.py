@@ -1,14 +1,23 @@
-"""What every dkernel estimator shares: the scikit-learn parameter contract,
-engine options, bandwidth resolution, label discovery and lazy prediction."""
+"""What every dkernel estimator shares: the scikit-learn contract (parameters,
+tags, input validation, clone with a live client), engine options, bandwidth
+resolution, label discovery and lazy prediction."""
 
 from __future__ import annotations
 
+import copy
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse
+import sklearn.base
+from sklearn.exceptions import NotFittedError  # what every estimator raises before fit
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_positive
@@ -21,21 +30,45 @@ from dkernel.kernels.exact import check_kernel
 _BANDWIDTH_SAMPLE = 1000
 
 
-class NotFittedError(ValueError, AttributeError):
-    """Raised when predict/transform is called before fit."""
+#: Largest seed a resolved ``random_state`` takes (what NumPy's legacy seeding accepts).
+_MAX_SEED = 2**31 - 1
 
 
-class BaseEstimator:
+class BaseEstimator(sklearn.base.BaseEstimator):
     """scikit-learn contract: ``__init__`` stores parameters verbatim, learned
-    state ends in ``_``, ``fit`` returns self; get_params/set_params/clone work."""
+    state ends in ``_``, ``fit`` returns self; get_params/set_params/clone work,
+    and tags come from scikit-learn's mixins (the subclasses add the
+    classifier / regressor / transformer one).
+
+    ``client`` is a live connection, not a hyper-parameter value: ``clone``
+    hands the same Client to the copy instead of deep-copying it (as dask-ml
+    does), so ``GridSearchCV`` and ``cross_val_score`` work with ``client=``.
+    """
 
     @classmethod
     def _param_names(cls) -> list[str]:
         sig = inspect.signature(cls.__init__)
         return [p for p in sig.parameters if p != "self"]
 
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._param_names()}
+    def __sklearn_clone__(self) -> BaseEstimator:
+        client = getattr(self, "client", None)
+        if client is None:
+            return super().__sklearn_clone__()
+        # clone a shallow copy without the client (sklearn deep-copies every
+        # parameter, and a Client holds sockets and asyncio tasks), then share it
+        bare = copy.copy(self)
+        bare.client = None
+        new = sklearn.base.clone(bare)
+        new.client = client
+        return new
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # dense rows only: random features of sparse rows are dense anyway (see
+        # check_not_sparse for what to do with sparse data)
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        return tags
 
     def set_params(self, **params: Any) -> BaseEstimator:
         valid = self._param_names()
@@ -85,9 +118,39 @@ def check_common_params(est: Any) -> None:
             check_positive(name, getattr(est, name), integer=True)
     if hasattr(est, "alpha"):
         check_positive("alpha", est.alpha, allow_zero=True)
-    if not isinstance(est.random_state, (int, np.integer)) or isinstance(est.random_state, bool) \
-            or est.random_state < 0:
-        raise ValueError(f"random_state must be a non-negative integer seed, got {est.random_state!r}")
+    check_random_state_param(est.random_state)
+    if getattr(est, "resume", False) and not isinstance(est.random_state, (int, np.integer)):
+        raise ValueError(
+            f"resume=True needs an integer random_state (the checkpoint's seed), got "
+            f"{est.random_state!r}; pass the random_state_ of the interrupted fit")
+
+
+def check_random_state_param(random_state: Any) -> None:
+    """None, a non-negative int, ``np.random.RandomState`` or ``np.random.Generator``."""
+    if random_state is None or isinstance(random_state,
+                                          (np.random.RandomState, np.random.Generator)):
+        return
+    if not isinstance(random_state, (int, np.integer)) or isinstance(random_state, bool) \
+            or random_state < 0:
+        raise ValueError(
+            "random_state must be None, a non-negative integer seed, a numpy.random.RandomState "
+            f"or a numpy.random.Generator, got {random_state!r}")
+
+
+def resolve_random_state(random_state: Any) -> int:
+    """The integer seed a fit uses (stored as ``random_state_``).
+
+    An int is used as given, so ``random_state=0`` fits the same model as
+    ever.  A RandomState or Generator gives one draw (advancing it, as in
+    scikit-learn); None draws from NumPy's global RandomState, so
+    ``np.random.seed`` makes it repeatable.  Workers only ever see the int.
+    """
+    check_random_state_param(random_state)
+    if isinstance(random_state, (int, np.integer)):
+        return int(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, _MAX_SEED))
+    return int(check_random_state(random_state).randint(0, _MAX_SEED))
 
 
 #: A sample is drawn from at most this many chunks (picked at random), so its
@@ -148,11 +211,160 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
             f"classification labels must be whole numbers, found {bad!r} among {classes.size} "
             "distinct values; use a regressor (--task regression) for continuous targets"
         )
+    check_two_classes(classes)
+    return classes
+
+
+def check_two_classes(classes: np.ndarray) -> None:
     if classes.size < 2:
         raise ValueError(
-            f"y has a single class ({classes[0]!r}); classification needs at least two classes"
+            f"y has a single class ({classes[0]!r}); classification needs at least two classes, "
+            "one class leaves nothing to separate"
         )
-    return classes
+
+
+# scikit-learn's input contract ------------------------------------------------------
+def is_in_memory(X: Any) -> bool:
+    """True for input this process holds (NumPy, pandas, lists, scipy sparse); False for
+    store paths, dask and zarr arrays, which stay lazy and are checked by open_dataset."""
+    if X is None or isinstance(X, (str, os.PathLike, da.Array)):
+        return False
+    return not type(X).__module__.startswith(("zarr", "dask"))
+
+
+def check_not_sparse(X: Any, name: str) -> None:
+    if scipy.sparse.issparse(X):
+        raise TypeError(
+            f"{name} is a scipy sparse {type(X).__name__} of shape {X.shape}; dkernel needs dense "
+            f"rows (random features of sparse rows are dense). Pass {name}.toarray() if it fits in "
+            "memory, or write it to a dense zarr store by row chunks ('dkernel ingest' reads "
+            "libsvm files) and fit on the store path"
+        )
+
+
+#: dtype rule for in-memory X: float32 and float64 are kept, anything else becomes
+#: float32 (the feature path computes in float32; DESIGN.md §4).
+_FLOAT_DTYPES = [np.float32, np.float64]
+
+
+def validate_fit_input(est: Any, X: Any, y: Any = None, *, target: str,
+                       dtype: list | None = None) -> tuple[Any, Any, np.ndarray | None]:
+    """Validate fit's input at the boundary, once; return ``(X, y, labels)``.
+
+    In-memory input (NumPy, pandas, lists) goes through scikit-learn's
+    ``validate_data``, which sets ``n_features_in_`` and ``feature_names_in_``
+    (from DataFrame columns).  ``target`` says what y is: "classification"
+    (labels of any kind: kept in ``labels``, returned as integer codes
+    0..c-1 so the workers only ever see integers), "regression" (float),
+    "view" (the second view of KernelSVD / KernelCCA, 1-D or 2-D) or "none"
+    (ignored).  Store paths and dask arrays pass through unchanged: they are
+    checked lazily by :func:`~dkernel.data.open_dataset`.  NaN / infinity
+    in in-memory X and y is left to open_dataset, whose message names the row.
+    """
+    check_not_sparse(X, "X")
+    check_not_sparse(y, "Y" if target == "view" else "y")
+    if target == "none":
+        y = None
+    if y is None and target != "none" and is_in_memory(X):
+        what = "the second view Y" if target == "view" else "targets y"
+        raise ValueError(f"{type(est).__name__} requires y to be passed, but the target y is None; "
+                         f"pass {what}, or fit on a store path whose array 'y' holds them")
+    if not is_in_memory(X):
+        for attr in ("feature_names_in_", "n_features_in_"):  # from an earlier in-memory fit
+            if attr in vars(est):
+                delattr(est, attr)
+        return X, y, None
+    X = validate_data(est, X, reset=True, accept_sparse=False, dtype=dtype or _FLOAT_DTYPES,
+                      ensure_all_finite=False, ensure_min_samples=2)
+    labels = None
+    if y is not None and is_in_memory(y):
+        if target == "classification":
+            y = column_or_1d(y, warn=True)
+            try:
+                check_classification_targets(y)
+            except ValueError as exc:
+                if "Unknown label type" not in str(exc):
+                    raise
+                raise ValueError(f"{exc}; classification needs discrete labels (use a regressor "
+                                 "for continuous targets)") from None
+            labels, codes = np.unique(y, return_inverse=True)
+            check_two_classes(labels)
+            y = codes.astype(np.int32).reshape(-1)
+        else:
+            y = check_array(y, ensure_2d=False, dtype=_FLOAT_DTYPES if target == "view" else
+                            [np.float64, np.float32], ensure_all_finite=False, ensure_min_samples=0,
+                            input_name="Y" if target == "view" else "y")
+    return X, y, labels
+
+
+def validate_predict_input(est: Any, X: Any, name: str = "X") -> Any:
+    """X for predict / transform: in-memory input checked by scikit-learn against the
+    fitted width and column names; dask arrays and store paths stay lazy."""
+    check_not_sparse(X, name)
+    if is_in_memory(X):
+        return validate_data(est, X, reset=False, accept_sparse=False, dtype=_FLOAT_DTYPES)
+    return check_predict_input(X, est.n_features_in_, name)
+
+
+def score_targets(X: Any, y: Any) -> tuple[Any, Any]:
+    """(X, y) for score: y may be omitted when X is a store path holding ``y``."""
+    if y is not None:
+        return X, y
+    if isinstance(X, (str, os.PathLike)):
+        data = open_dataset(X)
+        if data.y is None:
+            raise ValueError(f"score needs targets: pass y, or use a store with an array 'y' "
+                             f"({os.fspath(X)})")
+        return data.X, data.y
+    raise ValueError("score needs targets y (or a store path whose array 'y' holds them)")
+
+
+def _as_targets(y: Any, p: Any) -> Any:
+    """y as an array shaped like the prediction p (dask stays lazy)."""
+    if not isinstance(y, da.Array):
+        y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1 and p.ndim == 1:
+        y = y[:, 0]
+    return y
+
+
+def r2_score_any(y: Any, p: Any) -> float:
+    """R^2 = 1 - SS_res / SS_tot over all outputs; lazy inputs are reduced on the cluster."""
+    y = _as_targets(y, p).astype(np.float64)
+    ss_res = ((y - p) ** 2).sum()
+    ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
+    if isinstance(ss_res, da.Array):
+        ss_res, ss_tot = da.compute(ss_res, ss_tot)
+    return float(1 - ss_res / ss_tot)
+
+
+def accuracy_any(y: Any, p: Any) -> float:
+    """Mean accuracy; lazy inputs are reduced on the cluster."""
+    y = _as_targets(y, p).reshape(-1)
+    acc = (p == y).mean()
+    return float(acc.compute() if isinstance(acc, da.Array) else acc)
+
+
+def binary_margin(f: Any) -> Any:
+    """scikit-learn's binary decision_function: one column, positive for ``classes_[1]``.
+    Two one-hot / softmax score columns become their difference (the logit
+    of class 1 against class 0), which ranks rows as ``predict_proba[:, 1]`` does."""
+    if f.ndim == 2 and f.shape[1] == 2:
+        return f[:, 1] - f[:, 0]
+    return f
+
+
+def labels_for_file(classes: np.ndarray) -> np.ndarray:
+    """Class labels as an array a ``.npz`` stores without pickle."""
+    classes = np.asarray(classes)
+    if classes.dtype != object:
+        return classes
+    if all(isinstance(c, str) for c in classes):
+        return classes.astype(str)
+    raise ValueError(
+        f"class labels of types {sorted({type(c).__name__ for c in classes})} cannot be saved "
+        "without pickle; use str or numeric labels to save the model"
+    )
 
 
 def check_predict_input(X: Any, n_inputs: int, name: str = "X") -> Any:

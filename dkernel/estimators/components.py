@@ -8,6 +8,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from scipy.linalg import eigh
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.validation import check_array
 
 from dkernel.data.dataset import open_dataset
 from dkernel.data.validate import check_positive
@@ -16,9 +18,15 @@ from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
     check_common_params,
+    check_not_sparse,
     check_predict_input,
+    is_in_memory,
     resolve_bandwidth,
+    resolve_random_state,
     sample_rows,
+    score_targets,
+    validate_fit_input,
+    validate_predict_input,
 )
 from dkernel.estimators.history import EpochMonitor, history_meta, set_history
 from dkernel.features import FeatureMap
@@ -63,7 +71,9 @@ _DOC_COMMON = """
         False solves the uncentred problem of the paper.
     lanes : int, default=4
         Chunks sharing one step (the model depends on it, not on the workers).
-    random_state : int, default=0
+    random_state : int, RandomState, Generator or None, default=0
+        Global seed; anything but an int becomes one integer seed at fit,
+        stored as ``random_state_``.
     client : distributed.Client, optional
     verbose : bool, default=False
     checkpoint, checkpoint_every, resume
@@ -118,7 +128,12 @@ def _score_block(Xb: Any, features: FeatureMap, coef: np.ndarray, mean: np.ndarr
     return decision(features, coef, Xb.astype(features.dtype, copy=False)) - mean
 
 
-class _ComponentsBase(BaseEstimator):
+class _ComponentsBase(TransformerMixin, BaseEstimator):
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float32"]  # scores are float32 (DESIGN §4)
+        return tags
+
     def _check_base(self) -> None:
         check_common_params(self)
         check_positive("n_components", self.n_components, integer=True)
@@ -155,7 +170,7 @@ class _ComponentsBase(BaseEstimator):
             program,
             n_epochs=int(self.n_epochs),
             batch_size=int(self.batch_size),
-            random_state=int(self.random_state),
+            random_state=self.random_state_,
             on_epoch=monitor,
         )
         self.history_ = monitor.history()
@@ -167,7 +182,7 @@ class _ComponentsBase(BaseEstimator):
         return state, total
 
 
-class KernelPCA(_ComponentsBase):
+class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     __doc__ = f"""Kernel PCA by doubly stochastic gradients (Xie, Liang & Song 2015, Alg. 1-2).
 
     Finds the top ``n_components`` eigenfunctions of the (centred) kernel
@@ -249,17 +264,19 @@ class KernelPCA(_ComponentsBase):
         self.resume = resume
 
     def fit(self, X: Any, y: Any = None) -> KernelPCA:
-        """Fit on X (array or store path); y is ignored."""
+        """Fit on X (array, DataFrame or store path); y is ignored."""
         self._check_base()
         if self.ordering not in ("rotate", "gha"):
             raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
+        X, _, _ = validate_fit_input(self, X, target="none")
+        self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
         data.y = None
         with connect(self.client) as client:
-            sample = sample_rows(data, self.random_state, client)
+            sample = sample_rows(data, self.random_state_, client)
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             B, n_blocks = self._pool()
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
             self.step_size_ = (
                 _auto_step("kpca", [sample], [features], bool(self.center))
                 if self.step_size == "auto"
@@ -275,7 +292,7 @@ class KernelPCA(_ComponentsBase):
                 self.step_decay_,
                 center=bool(self.center),
                 gha=self.ordering == "gha",
-                seed=int(self.random_state),
+                seed=self.random_state_,
                 label="kpca",
             )
             state, total = self._run(data, client, program)
@@ -298,11 +315,16 @@ class KernelPCA(_ComponentsBase):
     def transform(self, X: Any) -> Any:
         """Scores (n, n_components): projections on the eigenfunctions; lazy for dask input."""
         self._check_fitted("components_")
-        X = check_predict_input(X, self.n_features_in_)
+        X = validate_predict_input(self, X)
         return _scores(self.features_, self.components_, self.mean_, X)
 
     def fit_transform(self, X: Any, y: Any = None) -> Any:
+        """Fit, then the scores of X (a store path: of its ``X``)."""
         return self.fit(X).transform(X if not isinstance(X, str) else open_dataset(X).X)
+
+    @property
+    def _n_features_out(self) -> int:
+        return self.components_.shape[1]
 
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("components_")
@@ -332,6 +354,11 @@ class KernelPCA(_ComponentsBase):
 class _TwoViewBase(_ComponentsBase):
     _method = ""
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True  # the second view Y
+        return tags
+
     def _check_two(self) -> None:
         self._check_base()
         if self.kernel_y is not None:
@@ -347,24 +374,29 @@ class _TwoViewBase(_ComponentsBase):
                 f"preconditioner must be None or 'eigenpro', got {self.preconditioner!r}"
             )
 
-    def fit(self, X: Any, Y: Any = None) -> _TwoViewBase:
-        """Fit on views X and Y (same rows; Y may differ in width).  X may be a
-        store path whose array ``y`` holds the second view."""
+    def fit(self, X: Any, y: Any = None) -> _TwoViewBase:
+        """Fit on views X and y (same rows; y, the second view Y, may differ in
+        width; named y as in scikit-learn's CCA).  X may be a store path whose
+        array ``y`` holds the second view."""
         self._check_two()
-        if Y is None and not isinstance(X, str) and not hasattr(X, "__fspath__"):
+        if y is None and not isinstance(X, str) and not hasattr(X, "__fspath__"):
             raise ValueError(
-                f"{type(self).__name__} needs a second view: fit(X, Y) with the same rows, "
-                "or a store path whose array 'y' holds the second view"
+                f"{type(self).__name__} requires y to be passed, but the target y is None: it "
+                "needs a second view, fit(X, Y) with the same rows, or a store path whose "
+                "array 'y' holds the second view"
             )
-        data = open_dataset(X, Y, require_y=True)
+        X, y, _ = validate_fit_input(self, X, y, target="view")
+        self.random_state_ = resolve_random_state(self.random_state)
+        data = open_dataset(X, y, require_y=True)
         if data.y.ndim == 1:
             data.y = data.y.reshape(-1, 1)
             if data.host is not None:
                 data.host = (data.host[0], data.host[1].reshape(-1, 1))
         with connect(self.client) as client:
-            sx = sample_rows(data, self.random_state, client)
-            view_y = open_dataset(data.y)
-            sy = sample_rows(view_y, self.random_state, client)
+            sx = sample_rows(data, self.random_state_, client)
+            # in-memory y is sampled here, not through a graph that embeds all of it
+            view_y = open_dataset(data.y if data.host is None else data.host[1])
+            sy = sample_rows(view_y, self.random_state_, client)
             bw_x = resolve_bandwidth(self.bandwidth, self.kernel, sx)
             kernel_y = self.kernel if self.kernel_y is None else self.kernel_y
             bw_y = resolve_bandwidth(
@@ -372,9 +404,9 @@ class _TwoViewBase(_ComponentsBase):
             )
             B, n_blocks = self._pool()
             # separate seed streams: the views' features are independent draws
-            fx = FeatureMap(self.kernel, bw_x, data.n_inputs, B, int(self.random_state), stream=0)
+            fx = FeatureMap(self.kernel, bw_x, data.n_inputs, B, self.random_state_, stream=0)
             fy = FeatureMap(
-                kernel_y, bw_y, int(data.y.shape[1]), B, int(self.random_state), stream=1
+                kernel_y, bw_y, int(data.y.shape[1]), B, self.random_state_, stream=1
             )
             init, pre = self._start(data, client, (fx, fy), n_blocks)
             self.preconditioners_ = pre
@@ -395,7 +427,7 @@ class _TwoViewBase(_ComponentsBase):
                 alpha=float(getattr(self, "alpha", 0.0)),
                 batch_size=int(self.batch_size),
                 center=bool(self.center),
-                seed=int(self.random_state),
+                seed=self.random_state_,
                 label=self._method,
                 init=init,
                 preconditioners=pre,
@@ -437,21 +469,27 @@ class _TwoViewBase(_ComponentsBase):
     def _values(self) -> np.ndarray:
         raise NotImplementedError
 
-    def transform(self, X: Any, Y: Any = None) -> Any:
-        """(x_scores, y_scores); x_scores alone when Y is None.  Lazy for dask input."""
+    def transform(self, X: Any, y: Any = None) -> Any:
+        """(x_scores, y_scores) of views X and y; x_scores alone when y is None.  Lazy
+        for dask input."""
         self._check_fitted("x_components_")
-        X = check_predict_input(X, self.n_features_in_)
+        X = validate_predict_input(self, X)
         xs = _scores(self.features_[0], self.x_components_, self.x_mean_, X)
-        if Y is None:
+        if y is None:
             return xs
-        if getattr(Y, "ndim", 2) == 1:
-            Y = Y.reshape(-1, 1)
-        Y = check_predict_input(Y, self.n_features_y_, "Y")
-        return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, Y)
+        check_not_sparse(y, "Y")
+        if is_in_memory(y):
+            y = check_array(y, ensure_2d=False, dtype=[np.float32, np.float64], input_name="Y")
+        if getattr(y, "ndim", 2) == 1:
+            y = y.reshape(-1, 1)
+        y = check_predict_input(y, self.n_features_y_, "Y")
+        return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, y)
 
-    def canonical_correlations(self, X: Any, Y: Any) -> np.ndarray:
-        """Correlation of each pair of scores on (held-out) data, shape (n_components,)."""
-        xs, ys = self.transform(X, Y)
+    def canonical_correlations(self, X: Any, y: Any = None) -> np.ndarray:
+        """Correlation of each pair of scores on (held-out) data, shape (n_components,);
+        y may be omitted for a store whose array ``y`` holds the second view."""
+        X, y = score_targets(X, y)
+        xs, ys = self.transform(X, y)
         xp = da if isinstance(xs, da.Array) or isinstance(ys, da.Array) else np
         xs, ys = xs.astype(np.float64), ys.astype(np.float64)
         xc, yc = xs - xs.mean(axis=0), ys - ys.mean(axis=0)
@@ -461,9 +499,9 @@ class _TwoViewBase(_ComponentsBase):
         sxy, sxx, syy = (np.asarray(p) for p in parts)
         return sxy / np.sqrt(sxx * syy)
 
-    def score(self, X: Any, Y: Any) -> float:
-        """Sum of the canonical correlations of the pairs of scores on (X, Y)."""
-        return float(np.sum(self.canonical_correlations(X, Y)))
+    def score(self, X: Any, y: Any = None) -> float:
+        """Sum of the canonical correlations of the pairs of scores on views (X, y)."""
+        return float(np.sum(self.canonical_correlations(X, y)))
 
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("x_components_")
@@ -700,7 +738,7 @@ class KernelCCA(_TwoViewBase):
         """The start and the preconditioners, both from one sample of ``init_rows`` rows."""
         if self.init != "subsample" and self.preconditioner is None:
             return None, None
-        rng = np.random.default_rng([int(self.random_state), 0x1417])
+        rng = np.random.default_rng([self.random_state_, 0x1417])
         idx = np.sort(rng.choice(data.n_rows, size=min(data.n_rows, int(self.init_rows)),
                                  replace=False))
         if data.host is not None:
@@ -730,7 +768,7 @@ class KernelCCA(_TwoViewBase):
         eig = eigensystem(Engine(client, self._engine_options()), rows, feature_block,
                           {"features": features, "n_blocks": n_blocks}, n_pairs, D,
                           operator="gram", center=bool(self.center),
-                          random_state=int(self.random_state),
+                          random_state=self.random_state_,
                           label=f"kcca preconditioner (view {features.stream})")
         q = choose_q_rf(eig.values, float(eig.row_norm_max), int(self.batch_size))
         return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, 1.0)

@@ -8,18 +8,27 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.utils.metaestimators import available_if
 
 from dkernel.data.dataset import open_dataset
 from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
     BaseEstimator,
+    accuracy_any,
     apply_rows,
+    binary_margin,
     check_common_params,
-    check_predict_input,
     discover_classes,
+    labels_for_file,
+    r2_score_any,
     resolve_bandwidth,
+    resolve_random_state,
     sample_rows,
+    score_targets,
+    validate_fit_input,
+    validate_predict_input,
 )
 from dkernel.estimators.history import (
     EpochMonitor,
@@ -87,8 +96,9 @@ _DOC_PARAMS = """
         Chunks sharing one step (parallel width; the model depends on it, not
         on the number of workers).  "auto" is one per worker; stored as
         ``lanes_`` (pass it back to reproduce the fit on another cluster).
-    random_state : int, default=0
-        Global seed of features and shuffling.
+    random_state : int, RandomState, Generator or None, default=0
+        Global seed of features and shuffling; anything but an int is turned
+        into one integer seed at fit, stored as ``random_state_``.
     client : distributed.Client, optional
         Cluster to run on; None means the current client or a new LocalCluster.
     verbose : bool, default=False
@@ -177,20 +187,26 @@ class _DSGBase(BaseEstimator):
         raise NotImplementedError
 
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
-        """Fit on X (array or store path) and y (or the store's ``y``)."""
+        """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
         self._check_params()
+        # scikit-learn contract: validation, label codes, the integer seed ------------
+        X, y, labels = validate_fit_input(self, X, y, target=self._task)
+        self.random_state_ = resolve_random_state(self.random_state)
+        # -------------------------------------------------------------------------
         data = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
-            sample = sample_rows(data, self.random_state, client)
+            sample = sample_rows(data, self.random_state_, client)
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             encoding = self._encoding(data, client)
+            if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
+                self.classes_ = labels
             B = min(int(self.block_size), int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
             engine = Engine(client, self._engine_options())
             val = None
             if self.early_stopping:
-                data, val = split_validation(data, self.validation_fraction, int(self.random_state))
+                data, val = split_validation(data, self.validation_fraction, self.random_state_)
             self.lanes_ = engine.resolve_lanes(data)
             engine.options.lanes = self.lanes_
             if self.preconditioner == "eigenpro":
@@ -210,7 +226,7 @@ class _DSGBase(BaseEstimator):
             monitor = self._epoch_monitor(engine, program, val, features, encoding)
             state = engine.run_steps(
                 data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
-                random_state=int(self.random_state), on_epoch=monitor)
+                random_state=self.random_state_, on_epoch=monitor)
             self.step_backoffs_ = list(engine.backoffs)
             state = self._keep_history(monitor, state)
         self._set_fitted(features, encoding, state["coef"] * state["scale"])
@@ -225,10 +241,10 @@ class _DSGBase(BaseEstimator):
         else:
             self.batch_size_ = int(self.batch_size)
         t0 = time.perf_counter()
-        sample = sample_rows(data, self.random_state, engine.client, size=_PRECONDITIONER_ROWS)
+        sample = sample_rows(data, self.random_state_, engine.client, size=_PRECONDITIONER_ROWS)
         pre, beta, _ = feature_preconditioner(
             engine, sample, features, n_blocks, _PRECONDITIONER_PAIRS, self.batch_size_, 1.0,
-            int(self.random_state), label="dsg preconditioner")
+            self.random_state_, label="dsg preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0
         self.q_ = pre.q
         self.eigenvalues_ = pre.values
@@ -269,10 +285,13 @@ class _DSGBase(BaseEstimator):
         self.n_features_in_ = features.n_inputs
         self.n_features_ = coef.shape[0]
 
-    def decision_function(self, X: Any) -> Any:
-        """Raw scores f(X), shape (n,) for one output else (n, c); lazy for dask input."""
+    def _validated(self, X: Any) -> Any:
         self._check_fitted("coef_")
-        X = check_predict_input(X, self.n_features_in_)
+        return validate_predict_input(self, X)
+
+    def _decision(self, X: Any) -> Any:
+        """Raw scores f(X) of validated X, shape (n,) for one output else (n, c);
+        lazy for dask input."""
         features, coef = self.features_, self.coef_.astype(self.features_.dtype)
         c = coef.shape[1]
         f = apply_rows(lambda Xb: _decision_block(Xb, features, coef), X, c, np.dtype(features.dtype))
@@ -282,8 +301,11 @@ class _DSGBase(BaseEstimator):
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("coef_")
         e = self.encoding_
-        return ({"coef": self.coef_, "classes": np.asarray(e.classes),
-                 "offset": np.asarray(e.offset, dtype=np.float64)},
+        arrays = {"coef": self.coef_, "classes": np.asarray(e.classes),
+                  "offset": np.asarray(e.offset, dtype=np.float64)}
+        if hasattr(self, "classes_"):
+            arrays["labels"] = labels_for_file(self.classes_)
+        return (arrays,
                 {"features": self.features_.to_dict(), "encoding": e.kind,
                  **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)},
                  **history_meta(self)})
@@ -296,8 +318,8 @@ class _DSGBase(BaseEstimator):
             if k in meta:
                 setattr(self, k, meta[k])
         set_history(self, meta)
-        if enc.kind != "regression":
-            self.classes_ = arrays["classes"]
+        if enc.kind != "regression":  # files before label codes have no "labels"
+            self.classes_ = arrays.get("labels", arrays["classes"])
 
 
 #: Settings resolved at fit time ("auto" values included) that determine the
@@ -317,7 +339,7 @@ def _decision_spec(Xb: Any, spec: dict) -> Any:
     return _decision_block(Xb, spec["features"], spec["coef"])
 
 
-class DSGRegressor(_DSGBase):
+class DSGRegressor(RegressorMixin, _DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
     With ``loss="squared"`` this is kernel ridge regression; "huber",
@@ -348,6 +370,11 @@ class DSGRegressor(_DSGBase):
     _task = "regression"
     _default_loss = "squared"
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # 2-D y: one output per column
+        return tags
+
     def _encoding(self, data: Any, client: Any) -> TargetEncoding:
         y = data.y
         mean = (data.host[1].mean(axis=0) if data.host is not None
@@ -355,23 +382,19 @@ class DSGRegressor(_DSGBase):
         return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def predict(self, X: Any) -> Any:
-        """f(X) + mean(y); lazy dask array for dask input."""
-        f = self.decision_function(X)
+        """f(X) + mean(y), float32 like the feature path; lazy dask array for dask input."""
+        X = self._validated(X)
+        f = self._decision(X)
         off = np.asarray(self.encoding_.offset, dtype=np.float32)
         return f + (off[0] if f.ndim == 1 else off)
 
-    def score(self, X: Any, y: Any) -> float:
-        """R^2 of the prediction."""
-        p = self.predict(X)
-        y = y.astype(np.float64) if hasattr(y, "astype") else np.asarray(y, dtype=np.float64)
-        ss_res = ((y - p) ** 2).sum()
-        ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
-        if isinstance(ss_res, da.Array):
-            ss_res, ss_tot = da.compute(ss_res, ss_tot)
-        return float(1 - ss_res / ss_tot)
+    def score(self, X: Any, y: Any = None) -> float:
+        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
+        X, y = score_targets(X, y)
+        return r2_score_any(y, self.predict(X))
 
 
-class DSGClassifier(_DSGBase):
+class DSGClassifier(ClassifierMixin, _DSGBase):
     __doc__ = f"""Kernel classification by doubly stochastic functional gradients.
 
     ``loss="softmax"`` (default) is multinomial logistic regression; "hinge"
@@ -400,9 +423,14 @@ class DSGClassifier(_DSGBase):
             kind = "binary" if classes.size == 2 else "ovr"
         return TargetEncoding(kind, classes=tuple(classes.tolist()))
 
+    def decision_function(self, X: Any) -> Any:
+        """Scores, shape (n,) for two classes (positive means ``classes_[1]``), else
+        (n, n_classes); lazy for dask input."""
+        return binary_margin(self._decision(self._validated(X)))
+
     def predict(self, X: Any) -> Any:
         """Predicted labels; lazy dask array for dask input."""
-        f = self.decision_function(X)
+        f = self._decision(self._validated(X))
         classes = np.asarray(self.classes_)
         if f.ndim == 1:
             idx = (f > 0).astype(np.int64)
@@ -412,11 +440,10 @@ class DSGClassifier(_DSGBase):
             return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
         return classes[idx]
 
+    @available_if(lambda self: self._loss in ("softmax", "logistic"))
     def predict_proba(self, X: Any) -> Any:
-        """Class probabilities (softmax / logistic losses only)."""
-        if self._loss not in ("softmax", "logistic"):
-            raise AttributeError(f"predict_proba needs loss='softmax' or 'logistic', not {self._loss!r}")
-        f = self.decision_function(X)
+        """Class probabilities (softmax / logistic losses only: absent for the others)."""
+        f = self._decision(self._validated(X))
         xp = da if isinstance(f, da.Array) else np
         if self._loss == "softmax":
             z = xp.exp(f - f.max(axis=1, keepdims=True))
@@ -426,9 +453,7 @@ class DSGClassifier(_DSGBase):
             return xp.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)
 
-    def score(self, X: Any, y: Any) -> float:
-        """Mean accuracy."""
-        p = self.predict(X)
-        y = y.reshape(-1)
-        acc = (p == y).mean()
-        return float(acc.compute() if isinstance(acc, da.Array) else acc)
+    def score(self, X: Any, y: Any = None) -> float:
+        """Mean accuracy (y may be omitted for a store holding ``y``)."""
+        X, y = score_targets(X, y)
+        return accuracy_any(y, self.predict(X))

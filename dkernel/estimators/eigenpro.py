@@ -11,6 +11,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from sklearn.base import ClassifierMixin, RegressorMixin
 
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_positive
@@ -18,11 +19,18 @@ from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
 from dkernel.estimators.base import (
     BaseEstimator,
+    accuracy_any,
+    binary_margin,
     check_common_params,
-    check_predict_input,
     discover_classes,
+    labels_for_file,
+    r2_score_any,
     resolve_bandwidth,
+    resolve_random_state,
     sample_rows,
+    score_targets,
+    validate_fit_input,
+    validate_predict_input,
 )
 from dkernel.estimators.history import (
     EpochMonitor,
@@ -101,7 +109,8 @@ class _EigenProBase(BaseEstimator):
     def _check_params(self) -> None:
         # n_features / batch_size may be None here (automatic), so only the shared ones
         check_common_params(SimpleNamespace(kernel=self.kernel, bandwidth=self.bandwidth,
-                                            n_epochs=self.n_epochs, random_state=self.random_state))
+                                            n_epochs=self.n_epochs, random_state=self.random_state,
+                                            resume=self.resume))
         for name in ("n_features", "batch_size"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name), integer=True)
@@ -129,19 +138,25 @@ class _EigenProBase(BaseEstimator):
 
     # fit ---------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> _EigenProBase:
-        """Fit on X (array or store path) and y (or the store's ``y``)."""
+        """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
         self._check_params()
+        # scikit-learn contract: validation, label codes, the integer seed ------------
+        X, y, labels = validate_fit_input(self, X, y, target=self._task)
+        self.random_state_ = resolve_random_state(self.random_state)
+        # -------------------------------------------------------------------------
         data = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
             bandwidth = self.bandwidth
             if isinstance(bandwidth, str):
                 bandwidth = resolve_bandwidth(bandwidth, self.kernel,
-                                              sample_rows(data, self.random_state, client))
+                                              sample_rows(data, self.random_state_, client))
             encoding = self._encoding(data, client)
-            rng = np.random.default_rng([int(self.random_state), 0xE16])
+            if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
+                self.classes_ = labels
+            rng = np.random.default_rng([self.random_state_, 0xE16])
             val = None
             if self.early_stopping:
-                data, val = split_validation(data, self.validation_fraction, int(self.random_state))
+                data, val = split_validation(data, self.validation_fraction, self.random_state_)
             engine = Engine(client, self._engine_options())
             if self._form == "kernel":
                 self._fit_kernel(engine, client, data, val, bandwidth, encoding, rng)
@@ -167,7 +182,7 @@ class _EigenProBase(BaseEstimator):
         S = open_dataset(centers[sub_idx], np.arange(s), chunk_rows=math.ceil(s / (2 * n_workers)))
         eig = eigensystem(engine, S, kernel_block,
                           {"Z": centers[sub_idx], "kernel": self.kernel, "bandwidth": bandwidth},
-                          n_pairs, s, operator="rows", random_state=int(self.random_state),
+                          n_pairs, s, operator="rows", random_state=self.random_state_,
                           label="eigenpro preconditioner")
         max_batch = int(self.max_batch or min(s, p))
         q = min(self.q, n_pairs - 1) if self.q is not None else choose_q(eig.values, alpha, beta, max_batch)
@@ -199,7 +214,7 @@ class _EigenProBase(BaseEstimator):
         B = min(int(self.block_size), int(self.n_features))
         n_blocks = math.ceil(int(self.n_features) / B)
         D = n_blocks * B
-        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
         tau = 0.25 if self.damping is None else float(self.damping)  # paper 4.1: tau = 1/4 for RF
         self.lanes_ = engine.resolve_lanes(data)
         engine.options.lanes = self.lanes_
@@ -207,9 +222,9 @@ class _EigenProBase(BaseEstimator):
         # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
         s = min(data.n_rows, int(self.subsample_size or _RF_SUBSAMPLE))
         t0 = time.perf_counter()
-        sample = sample_rows(data, self.random_state, engine.client, size=s)
+        sample = sample_rows(data, self.random_state_, engine.client, size=s)
         pre, beta, eig = feature_preconditioner(
-            engine, sample, features, n_blocks, min(D, 1001), max_batch, tau, int(self.random_state),
+            engine, sample, features, n_blocks, min(D, 1001), max_batch, tau, self.random_state_,
             q=self.q, label="eigenpro-rf preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0
         q = pre.q
@@ -239,7 +254,7 @@ class _EigenProBase(BaseEstimator):
         self.lanes_ = engine.resolve_lanes(data)  # recorded: the model depends on it
         engine.options.lanes = self.lanes_
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
-                                 random_state=int(self.random_state), on_epoch=monitor)
+                                 random_state=self.random_state_, on_epoch=monitor)
         self.step_backoffs_ = list(engine.backoffs)
         self.history_ = monitor.history()
         self.validation_scores_ = [e["validation_score"] for e in self.history_
@@ -292,10 +307,13 @@ class _EigenProBase(BaseEstimator):
                   f"eta={eta:.4g} cache={cache_mode} eigensolver={method}", flush=True)
 
     # predict -----------------------------------------------------------------------
-    def decision_function(self, X: Any) -> Any:
-        """Raw scores f(X), shape (n,) for one output else (n, c); lazy for dask input."""
+    def _validated(self, X: Any) -> Any:
         self._check_fitted("coef_")
-        X = check_predict_input(X, self.n_features_in_)
+        return validate_predict_input(self, X)
+
+    def _decision(self, X: Any) -> Any:
+        """Raw scores f(X) of validated X, shape (n,) for one output else (n, c);
+        lazy for dask input."""
         c = self.coef_.shape[1]
         spec = self._predict_spec()
         if isinstance(X, da.Array):
@@ -323,6 +341,8 @@ class _EigenProBase(BaseEstimator):
         e = self.encoding_
         arrays = {"coef": self.coef_, "eigenvalues": self.eigenvalues_, "classes": np.asarray(e.classes),
                   "offset": np.asarray(e.offset, dtype=np.float64)}
+        if hasattr(self, "classes_"):
+            arrays["labels"] = labels_for_file(self.classes_)
         meta = {"form": self.form_, "encoding": e.kind, "bandwidth": self.bandwidth_,
                 "n_features_in": self.n_features_in_, "q": self.q_, "batch_size": self.batch_size_,
                 "critical_batch": self.critical_batch_, "step_size": self.step_size_, "beta": self.beta_,
@@ -357,8 +377,8 @@ class _EigenProBase(BaseEstimator):
         self.lanes_ = meta.get("lanes")
         self.step_backoffs_ = meta.get("step_backoffs", [])
         set_history(self, meta)
-        if enc.kind != "regression":
-            self.classes_ = arrays["classes"]
+        if enc.kind != "regression":  # files before label codes have no "labels"
+            self.classes_ = arrays.get("labels", arrays["classes"])
 
 
 def _predict_block(X: Any, spec: dict) -> Any:
@@ -375,7 +395,7 @@ def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
     return np.ascontiguousarray(client.compute(data.X.astype(np.float32)).result())
 
 
-class EigenProRegressor(_EigenProBase):
+class EigenProRegressor(RegressorMixin, _EigenProBase):
     """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
 
     Kernel form (default): f(x) = sum_j a_j k(x, c_j) over the training rows
@@ -440,29 +460,30 @@ class EigenProRegressor(_EigenProBase):
 
     _task = "regression"
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # 2-D y: one output per column
+        return tags
+
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
         mean = (data.host[1].mean(axis=0) if data.host is not None
                 else client.compute(data.y.astype(np.float64).mean(axis=0)).result())
         return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def predict(self, X: Any) -> Any:
-        """f(X) + mean(y); lazy dask array for dask input."""
-        f = self.decision_function(X)
+        """f(X) + mean(y), float32 like the feature path; lazy dask array for dask input."""
+        X = self._validated(X)
+        f = self._decision(X)
         off = np.asarray(self.encoding_.offset, dtype=np.float32)
         return f + (off[0] if f.ndim == 1 else off)
 
-    def score(self, X: Any, y: Any) -> float:
-        """R^2 of the prediction."""
-        p = self.predict(X)
-        y = y.astype(np.float64) if hasattr(y, "astype") else np.asarray(y, dtype=np.float64)
-        ss_res = ((y - p) ** 2).sum()
-        ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
-        if isinstance(ss_res, da.Array):
-            ss_res, ss_tot = da.compute(ss_res, ss_tot)
-        return float(1 - ss_res / ss_tot)
+    def score(self, X: Any, y: Any = None) -> float:
+        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
+        X, y = score_targets(X, y)
+        return r2_score_any(y, self.predict(X))
 
 
-class EigenProClassifier(_EigenProBase):
+class EigenProClassifier(ClassifierMixin, _EigenProBase):
     """Kernel classification by EigenPro iteration on one-hot targets (square
     loss, as in the paper); predicts the arg-max class.  Parameters as
     :class:`EigenProRegressor`.
@@ -487,18 +508,21 @@ class EigenProClassifier(_EigenProBase):
         self.classes_ = classes
         return TargetEncoding("onehot", classes=tuple(classes.tolist()))
 
+    def decision_function(self, X: Any) -> Any:
+        """Scores, shape (n,) for two classes (positive means ``classes_[1]``), else
+        (n, n_classes); lazy for dask input."""
+        return binary_margin(self._decision(self._validated(X)))
+
     def predict(self, X: Any) -> Any:
         """Predicted labels; lazy dask array for dask input."""
-        f = self.decision_function(X)
+        f = self._decision(self._validated(X))
         classes = np.asarray(self.classes_)
         idx = f.argmax(axis=1)
         if isinstance(idx, da.Array):
             return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
         return classes[idx]
 
-    def score(self, X: Any, y: Any) -> float:
-        """Mean accuracy."""
-        p = self.predict(X)
-        y = y.reshape(-1)
-        acc = (p == y).mean()
-        return float(acc.compute() if isinstance(acc, da.Array) else acc)
+    def score(self, X: Any, y: Any = None) -> float:
+        """Mean accuracy (y may be omitted for a store holding ``y``)."""
+        X, y = score_targets(X, y)
+        return accuracy_any(y, self.predict(X))

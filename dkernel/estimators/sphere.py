@@ -7,13 +7,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import dask.array as da
 import numpy as np
+from sklearn.base import RegressorMixin
 
 from dkernel.data.dataset import open_dataset
 from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
-from dkernel.estimators.base import BaseEstimator, apply_rows, check_predict_input
+from dkernel.estimators.base import (
+    BaseEstimator,
+    apply_rows,
+    r2_score_any,
+    score_targets,
+    validate_fit_input,
+    validate_predict_input,
+)
 from dkernel.estimators.history import clean_entry, history_meta, set_history
 from dkernel.kernels.zonal import ZonalFeatures
 from dkernel.solvers.sphere import (
@@ -30,7 +37,7 @@ from dkernel.solvers.sphere import (
 )
 
 
-class SphereRegressor(BaseEstimator):
+class SphereRegressor(RegressorMixin, BaseEstimator):
     r"""Least-squares regression on the sphere by truncated kernel SGD (T-kernel SGD).
 
     One pass over the rows in order (an online algorithm); point n updates
@@ -150,10 +157,12 @@ class SphereRegressor(BaseEstimator):
     def fit(self, X: Any, y: Any = None) -> SphereRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""
         self._check_params()
+        X, y, _ = validate_fit_input(self, X, y, target="regression",
+                                     dtype=[np.float64, np.float32])
         data = open_dataset(X, y, require_y=True)
         d = sphere_dim(data.n_inputs, self.input_map)
         if d < 2:
-            raise ValueError("X has one column: normalising it onto S^0 loses everything; "
+            raise ValueError("X has 1 feature(s): normalising it onto S^0 loses everything; "
                              "use input_map='stereographic' to map the line onto the circle")
         n_outputs = 1 if data.y.ndim == 1 else int(data.y.shape[1])
         N = data.n_rows * int(self.n_epochs)
@@ -197,7 +206,7 @@ class SphereRegressor(BaseEstimator):
     # prediction ------------------------------------------------------------------
     def _predict_with(self, X: Any, coef: np.ndarray | None, N: int | None) -> Any:
         self._check_fitted("form_")
-        X = check_predict_input(X, self.n_features_in_)
+        X = validate_predict_input(self, X)
         c = self.n_outputs_
         if self.form_ == "features":
             feats, input_map, scale = self.features_, self.input_map, float(self.scale)
@@ -224,15 +233,15 @@ class SphereRegressor(BaseEstimator):
             else:
                 yield self._predict_with(X, None, int(n))
 
-    def score(self, X: Any, y: Any) -> float:
-        """R^2 of the prediction."""
-        p = self.predict(X)
-        y = y.astype(np.float64) if hasattr(y, "astype") else np.asarray(y, dtype=np.float64)
-        ss_res = ((y - p) ** 2).sum()
-        ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
-        if isinstance(ss_res, da.Array):
-            ss_res, ss_tot = da.compute(ss_res, ss_tot)
-        return float(1 - ss_res / ss_tot)
+    def score(self, X: Any, y: Any = None) -> float:
+        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
+        X, y = score_targets(X, y)
+        return r2_score_any(y, self.predict(X))
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # 2-D y: one output per column
+        return tags
 
     # model files -----------------------------------------------------------------
     def _get_model_state(self) -> tuple[dict, dict]:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from dkernel.data.dataset import open_dataset
 from dkernel.data.validate import check_positive
@@ -15,16 +16,18 @@ from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
     check_common_params,
-    check_predict_input,
     resolve_bandwidth,
+    resolve_random_state,
     sample_rows,
+    validate_fit_input,
+    validate_predict_input,
 )
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.solvers import oja
 
 
-class StreamingKernelPCA(BaseEstimator):
+class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song, Wang, Zhang).
 
     One pass over the chunks in order with O(D k) state; the blocked exact
@@ -44,7 +47,9 @@ class StreamingKernelPCA(BaseEstimator):
         Constant eta; "auto" is 0.1 / max|z|^2 = 0.05.
     block_rows : int, default=512
         Rows per exact triangular block (memory b^2 per block).
-    random_state : int, default=0
+    random_state : int, RandomState, Generator or None, default=0
+        Seed of the features and the start; anything but an int becomes one
+        integer seed at fit, stored as ``random_state_``.
     client : distributed.Client, optional
     verbose : bool, default=False
     checkpoint, checkpoint_every, resume
@@ -101,16 +106,18 @@ class StreamingKernelPCA(BaseEstimator):
             raise ValueError(
                 f"n_components={self.n_components} exceeds n_features={self.n_features}"
             )
+        X, _, _ = validate_fit_input(self, X, target="none")
+        self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
         data.y = None
         with connect(self.client) as client:
             t0 = time.perf_counter()
             bandwidth = resolve_bandwidth(
-                self.bandwidth, self.kernel, sample_rows(data, self.random_state, client)
+                self.bandwidth, self.kernel, sample_rows(data, self.random_state_, client)
             )
             B = min(256, int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
             eta = oja.default_step(features) if self.step_size == "auto" else float(self.step_size)
             payload = {
                 "features": features,
@@ -120,7 +127,7 @@ class StreamingKernelPCA(BaseEstimator):
                 "n_total": data.n_rows,
             }
             state = oja.init_state(
-                n_blocks * B, int(self.n_components), [int(self.random_state), 0x0A1A]
+                n_blocks * B, int(self.n_components), [self.random_state_, 0x0A1A]
             )
             state = Engine(client, self._engine_options()).scan(
                 data,
@@ -162,12 +169,21 @@ class StreamingKernelPCA(BaseEstimator):
     def transform(self, X: Any) -> Any:
         """Projections z(X) V, shape (n, n_components); lazy for dask input."""
         self._check_fitted("components_")
-        X = check_predict_input(X, self.n_features_in_)
+        X = validate_predict_input(self, X)
         payload = {"features": self.features_, "n_blocks": self.n_blocks_}
         V = self.components_.astype(self.features_.dtype)
         return apply_rows(
             lambda Xb: _oja_block(Xb, payload, V), X, V.shape[1], np.dtype(self.features_.dtype)
         )
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float32"]  # scores are float32 (DESIGN §4)
+        return tags
+
+    @property
+    def _n_features_out(self) -> int:
+        return self.components_.shape[1]
 
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("components_")
