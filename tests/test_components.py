@@ -112,7 +112,7 @@ def test_work_runs_on_both_workers(client):
     Xd = da.from_array(X, chunks=(500, 3))
     with get_task_stream(client) as ts:
         KernelPCA(2, bandwidth=1.5, n_features=512, n_epochs=1, client=client).fit(Xd)
-    workers = {t["worker"] for t in ts.data if "components-step" in str(t["key"])}
+    workers = {t["worker"] for t in ts.data if "-step-" in str(t["key"])}
     assert len(client.scheduler_info()["workers"]) == 2
     assert len(workers) == 2, workers
 
@@ -128,7 +128,7 @@ def test_preconditioned_kcca_work_runs_on_both_workers(client):
         model.fit(Xd, Yd)
     # the eigensystem passes over the sampled rows and the whole-pool steps
     keys = [str(t["key"]) for t in ts.data]
-    workers = {t["worker"] for t, k in zip(ts.data, keys) if "components-step" in k}
+    workers = {t["worker"] for t, k in zip(ts.data, keys) if "-step-" in k}
     assert len(workers) == 2, workers
     workers = {t["worker"] for t, k in zip(ts.data, keys) if "kcca-preconditioner" in k}
     assert len(workers) == 2, workers
