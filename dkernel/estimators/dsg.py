@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -22,7 +23,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
-from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
+from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
 from dkernel.solvers.dsg import DSGProgram, decision
 from dkernel.solvers.targets import TargetEncoding
 
@@ -107,6 +108,12 @@ class _DSGBase(BaseEstimator):
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
+        self._loss_spec()  # checks epsilon / quantile
+
+    def _loss_spec(self) -> LossSpec:
+        """The loss with its parameters (the regressor's ``epsilon``, ``quantile``)."""
+        return loss_spec(self._loss, epsilon=getattr(self, "epsilon", None),
+                         quantile=getattr(self, "quantile", None))
 
     @property
     def _loss(self) -> str:
@@ -132,7 +139,7 @@ class _DSGBase(BaseEstimator):
             B = min(int(self.block_size), int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
-            program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
+            program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
                                  self.step_size_, float(self.step_decay))
             state = Engine(client, self._engine_options()).run_steps(
                 data, program, n_epochs=int(self.n_epochs), batch_size=int(self.batch_size),
@@ -175,6 +182,14 @@ class _DSGBase(BaseEstimator):
             self.classes_ = arrays["classes"]
 
 
+def _extended_signature(base: Any, init: Any) -> inspect.Signature:
+    """Signature of ``base`` with the keyword-only parameters of ``init`` added."""
+    params = [p for p in inspect.signature(base).parameters.values() if p.kind != p.VAR_KEYWORD]
+    extra = [p for p in inspect.signature(init).parameters.values()
+             if p.kind == p.KEYWORD_ONLY]
+    return inspect.Signature(params + extra)
+
+
 def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
     return decision(features, coef, Xb.astype(features.dtype, copy=False))
 
@@ -188,6 +203,14 @@ class DSGRegressor(_DSGBase):
     Parameters
     ----------
     loss : str, default=None (meaning "squared")
+    epsilon : float, default=0.1
+        Threshold of the "huber" loss (quadratic within epsilon of the target,
+        linear beyond) and half-width of the "epsilon_insensitive" tube, as in
+        scikit-learn's ``SGDRegressor``.  Ignored by the other losses.
+    quantile : float, default=0.5
+        Level tau in (0, 1) of the "quantile" (pinball) loss, as in
+        scikit-learn's ``QuantileRegressor``: the fit estimates the tau-quantile
+        of y given x.  Ignored by the other losses.
 {_DOC_PARAMS}
     Attributes
     ----------
@@ -209,6 +232,15 @@ class DSGRegressor(_DSGBase):
     """
     _task = "regression"
     _default_loss = "squared"
+
+    def __init__(self, *, epsilon: float = 0.1, quantile: float = 0.5, **params: Any) -> None:
+        super().__init__(**params)
+        self.epsilon = epsilon
+        self.quantile = quantile
+
+    # get_params / clone / repr read the signature: the shared parameters of
+    # _DSGBase plus the regressor's own (one list of defaults, in _DSGBase)
+    __init__.__signature__ = _extended_signature(_DSGBase.__init__, __init__)  # type: ignore[attr-defined]
 
     def _encoding(self, data: Any, client: Any) -> TargetEncoding:
         y = data.y

@@ -99,7 +99,7 @@ class DSGProgram(StepProgram):
     """Engine program for Dai et al. Alg. 1; state = pool coefficients + scale."""
 
     features: FeatureMap
-    loss: str
+    loss: str | dict  # a losses.LossSpec: the name, or name + parameters (loss_spec)
     encoding: TargetEncoding
     n_blocks: int
     alpha: float
