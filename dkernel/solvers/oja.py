@@ -70,20 +70,20 @@ def oja_prepare(payload: dict, X: Any, y: Any, start: int = 0) -> dict[str, Any]
     """State-free chunk work on a worker: the rows Y (Z, or Z less its in-chunk
     running-mean part when centring), the diagonal Gram blocks Y_b Y_b^T, and
     for centring r_i = 1/N_i and the chunk's column sum."""
-    Z = features_of(payload, X)
+    Z = features_of(payload, X)  # a fresh array: centred in place, block by block
     b = payload["block_rows"]
-    out: dict[str, Any] = {"start": int(start)}
+    out: dict[str, Any] = {"start": int(start), "Z": Z}
     if payload.get("center", False):
-        N = np.arange(start + 1, start + Z.shape[0] + 1, dtype=np.float64)
-        r = 1.0 / N
-        prefix = np.cumsum(Z, axis=0, dtype=np.float64)
-        out["sum"] = prefix[-1].copy() if Z.shape[0] else np.zeros(Z.shape[1])
-        Y = (Z - prefix * r[:, None]).astype(Z.dtype)
-        out["r"] = r
-    else:
-        Y = Z
-    out["Z"] = Y
-    out["G"] = [(Y[a : a + b] @ Y[a : a + b].T).astype(np.float64) for a in range(0, Y.shape[0], b)]
+        r = 1.0 / np.arange(start + 1, start + Z.shape[0] + 1, dtype=np.float64)
+        offset = np.zeros(Z.shape[1])  # float64 sum of the chunk's earlier blocks
+        for a in range(0, Z.shape[0], b):
+            prefix = np.cumsum(Z[a : a + b], axis=0, dtype=np.float64)
+            prefix += offset
+            offset = prefix[-1].copy()
+            prefix *= r[a : a + b, None]
+            Z[a : a + b] -= prefix.astype(Z.dtype)  # y_i = z_i - c_i / N_i
+        out["r"], out["sum"] = r, offset
+    out["G"] = [(Z[a : a + b] @ Z[a : a + b].T).astype(np.float64) for a in range(0, Z.shape[0], b)]
     return out
 
 
