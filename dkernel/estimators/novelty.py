@@ -54,7 +54,8 @@ class DSGOneClassSVM(PoolEstimator):
     >>> from dkernel import DSGOneClassSVM
     >>> X = np.random.default_rng(0).standard_normal((1000, 2))
     >>> with Client(n_workers=1, processes=False, dashboard_address=None) as client:
-    ...     model = DSGOneClassSVM(nu=0.1, bandwidth=1.0, n_features=256, client=client).fit(X)
+    ...     model = DSGOneClassSVM(nu=0.1, bandwidth=1.0, n_features=256, batch_size=64,
+    ...                            n_epochs=10, client=client).fit(X)
     >>> model.predict(np.array([[0.0, 0.0], [6.0, 6.0]])).tolist()
     [1, -1]
     """
