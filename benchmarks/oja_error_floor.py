@@ -71,8 +71,8 @@ def main() -> None:
             Xd = da.from_array(X, chunks=(min(args.chunk, n), 1))
             for name, kw in settings.items():
                 t0 = time.perf_counter()
-                model = StreamingKernelPCA(1, bandwidth=1.0, n_features=args.features, block_rows=args.block_rows,
-                                           client=client, **kw).fit(Xd)
+                model = StreamingKernelPCA(1, bandwidth=1.0, n_features=args.features,
+                                           block_rows=args.block_rows, client=client, **kw).fit(Xd)
                 seconds = time.perf_counter() - t0
                 x_star = top_eigenvector(model, X, kw["center"])
                 err = 1 - float(x_star @ model.components_[:, 0]) ** 2

@@ -157,4 +157,5 @@ def get_loss(spec: LossSpec) -> LossFn:
     try:
         return LOSSES[spec]
     except (KeyError, TypeError):
-        raise ValueError(f"loss={spec!r} is not supported; choose one of {', '.join(LOSSES)}") from None
+        raise ValueError(
+            f"loss={spec!r} is not supported; choose one of {', '.join(LOSSES)}") from None

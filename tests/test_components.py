@@ -308,9 +308,9 @@ def test_ksvd_singular_subspaces_match_dense_svd_of_the_same_features(client):
     sin2_x = np.sin(subspace_angles(xs, ux)) ** 2
     sin2_y = np.sin(subspace_angles(ys, uy)) ** 2
     # s_2 / s_3 = 4.5 on these features: SGD noise leaves sin^2 of order eta s_1 /
-    # (s_2 - s_3) (measured 0.005 / 0.006 on the training rows).  0.05 fails vectors that are wrong while the
-    # values are right (swapped views, an unrotated basis score ~0.5-1), which the
-    # former values-only check at 15% let through
+    # (s_2 - s_3) (measured 0.005 / 0.006 on the training rows).  0.05 fails vectors
+    # that are wrong while the values are right, which the former values-only check
+    # at 15% let through
     assert sin2_x.max() <= 0.05 and sin2_y.max() <= 0.05, (sin2_x, sin2_y)
     # the values on the same features: measured within 7% (s_1 0.147 vs 0.137)
     np.testing.assert_allclose(model.singular_values_, s[:k], rtol=0.1)

@@ -16,7 +16,8 @@ from dkernel.kernels import kernel_matrix
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     X = rng.uniform(-2, 2, (n, 1))
-    return X.astype(np.float32), (np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(n)
+    return X.astype(np.float32), y.astype(np.float32)
 
 
 def test_posterior_std_matches_the_exact_gaussian_process(client, tmp_path):
@@ -26,8 +27,8 @@ def test_posterior_std_matches_the_exact_gaussian_process(client, tmp_path):
     bw, alpha = 0.5, 1e-4
     sigma2 = len(X) * alpha  # DESIGN 2.2: nu = sigma^2 / n
     model = DSGRegressor(bandwidth=bw, alpha=alpha, n_features=2048, n_epochs=1,
-                         posterior_variance=True, client=client).fit(da.from_array(X, chunks=(100, 1)),
-                                                                     da.from_array(y, chunks=100))
+                         posterior_variance=True, client=client)
+    model.fit(da.from_array(X, chunks=(100, 1)), da.from_array(y, chunks=100))
     mean, std = model.predict(Xt, return_std=True)
     assert mean.shape == std.shape == (81,)
     # exact: k(x, x) - k*^T (K + sigma^2 I)^-1 k*, by a dense solve and by scikit-learn
@@ -62,7 +63,7 @@ def test_return_std_needs_the_posterior_variance_fit(client):
     model = DSGRegressor(bandwidth=0.5, n_features=256, n_epochs=1, client=client).fit(X, y)
     with pytest.raises(AttributeError, match="posterior_variance=True"):
         model.predict(X, return_std=True)
-    with pytest.raises(ValueError, match="posterior_variance=True is the Gaussian-process posterior"):
+    with pytest.raises(ValueError, match="posterior_variance=True is the Gaussian-process"):
         DSGRegressor(loss="huber", posterior_variance=True).fit(X, y)
     with pytest.raises(ValueError, match="n_features <= 8192"):
         DSGRegressor(n_features=20000, posterior_variance=True).fit(X, y)

@@ -98,7 +98,8 @@ def _heteroscedastic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, (n, 1))
     s = 0.1 + 0.2 * (x[:, 0] + 1)
-    return x.astype(np.float32), (np.sin(3 * x[:, 0]) + s * rng.standard_normal(n)).astype(np.float32), s
+    y = np.sin(3 * x[:, 0]) + s * rng.standard_normal(n)
+    return x.astype(np.float32), y.astype(np.float32), s
 
 
 def test_quantile_regression_at_0_9_covers_0_9_of_held_out_targets(client):

@@ -15,7 +15,8 @@ from dkernel import DSGDensityRatio, DSGOneClassSVM, load_model
 def _two_blobs(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     c = rng.integers(0, 2, n)
-    return (0.6 * rng.standard_normal((n, 2)) + np.array([[-1.5, 0.0], [1.5, 0.5]])[c]).astype(np.float32)
+    centres = np.array([[-1.5, 0.0], [1.5, 0.5]])
+    return (0.6 * rng.standard_normal((n, 2)) + centres[c]).astype(np.float32)
 
 
 def test_one_class_auc_within_0_02_of_sklearn_one_class_svm(client):
@@ -41,6 +42,16 @@ def test_one_class_auc_within_0_02_of_sklearn_one_class_svm(client):
     d = model.decision_function(Xt)
     np.testing.assert_allclose(d, model.score_samples(Xt) - model.offset_, rtol=1e-6, atol=1e-6)
     assert set(np.unique(model.predict(Xt))) == {-1, 1}
+
+
+def test_one_class_model_file_round_trip(client, tmp_path):
+    X = _two_blobs(500, 5)
+    model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=1, batch_size=100,
+                           client=client).fit(X)
+    model.save(str(tmp_path / "oc.npz"))
+    back = load_model(tmp_path / "oc.npz")
+    assert isinstance(back, DSGOneClassSVM) and back.offset_ == model.offset_ and back.nu == 0.2
+    np.testing.assert_array_equal(back.decision_function(X), model.decision_function(X))
 
 
 def test_one_class_matches_the_dense_solution_on_the_same_features(client):

@@ -86,7 +86,8 @@ def test_centred_components_match_exact_centred_kernel_pca(client):
     pca = PCA(2).fit(Z)
     sin2_features = np.sin(subspace_angles(model.components_, pca.components_.T)) ** 2
     # 2) in function space, against the exact kernel: the score subspaces on the rows
-    exact = ExactKernelPCA(2, kernel="rbf", gamma=1 / (2 * 1.5**2)).fit_transform(X.astype(np.float64))
+    exact = ExactKernelPCA(2, kernel="rbf", gamma=1 / (2 * 1.5**2)).fit_transform(
+        X.astype(np.float64))
     T = model.transform(X).astype(np.float64)
     sin2_kernel = np.sin(subspace_angles(T, exact)) ** 2
     # <= 0.05 (the bar): one pass over 3000 rows with lambda_3 / lambda_2 ~ 0.7

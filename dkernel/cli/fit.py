@@ -17,8 +17,8 @@ def _build_dsg(args: argparse.Namespace) -> Any:
     kw = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
     for flag, param in (("features", "n_features"), ("epochs", "n_epochs"), ("batch_size", "batch_size"),
                         ("alpha", "alpha"), ("loss", "loss"), ("block_size", "block_size"),
-                        ("step_size", "step_size"), ("step_decay", "step_decay"), ("lanes", "lanes"),
-                        ("epsilon", "epsilon"), ("quantile", "quantile")):
+                        ("step_size", "step_size"), ("step_decay", "step_decay"),
+                        ("lanes", "lanes"), ("epsilon", "epsilon"), ("quantile", "quantile")):
         value = getattr(args, flag, None)
         if value is not None:
             if param in ("epsilon", "quantile") and cls is DSGClassifier:
@@ -130,8 +130,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--batch-size", dest="batch_size", type=int)
     g.add_argument("--alpha", type=float, help="regularisation strength")
     g.add_argument("--loss", help="loss (dsg): squared, hinge, logistic, softmax, ...")
-    g.add_argument("--epsilon", type=float, help="huber threshold / epsilon_insensitive tube (dsg regression)")
-    g.add_argument("--quantile", type=float, help="level of the quantile loss, in (0, 1) (dsg regression)")
+    g.add_argument("--epsilon", type=float,
+                   help="huber threshold / epsilon_insensitive tube (dsg regression)")
+    g.add_argument("--quantile", type=float,
+                   help="level of the quantile loss, in (0, 1) (dsg regression)")
     g.add_argument("--block-size", dest="block_size", type=int, help="features per block (dsg)")
     g.add_argument("--step-size", dest="step_size", type=bandwidth_arg,
                    help="initial step, a number or 'auto' (dsg)")

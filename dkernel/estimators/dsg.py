@@ -261,8 +261,9 @@ class DSGRegressor(_DSGBase):
         ``posterior_variance=True`` one more pass for the GP posterior variance."""
         if self.posterior_variance:  # before the long part
             if self._loss != "squared":
-                raise ValueError(f"posterior_variance=True is the Gaussian-process posterior, whose "
-                                 f"mean is the squared loss's fit; loss={self.loss!r} has no such model")
+                raise ValueError(
+                    f"posterior_variance=True is the Gaussian-process posterior, whose mean is "
+                    f"the squared loss's fit; loss={self.loss!r} has no such model")
             gp.check_pool_size(int(self.n_features))
         super().fit(X, y)
         if hasattr(self, "gp_factor_"):
@@ -275,7 +276,8 @@ class DSGRegressor(_DSGBase):
             with connect(self.client) as client:
                 total = Engine(client, self._engine_options()).map_reduce(
                     data, gp.covariance_partial, payload, label="gp-variance", wants_chunk=True)
-            self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]), float(self.alpha))
+            self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),
+                                                  float(self.alpha))
         return self
 
     def _n_blocks(self) -> int:

@@ -94,8 +94,9 @@ class DSGOneClassSVM(PoolEstimator):
         # f and tau live on the scale of k(x, x) = 1: a first step of 1 moves them by O(1)
         step, decay = self._steps(nu, 1.0)
         with connect(self.client) as client:
-            state = self._fit_program(data, client, lambda features, n_blocks, sample: OneClassProgram(
-                features, n_blocks, nu, step, decay))
+            state = self._fit_program(
+                data, client, lambda features, n_blocks, sample: OneClassProgram(
+                    features, n_blocks, nu, step, decay))
         self.offset_ = float(state["offset_avg"])
         return self
 

@@ -73,7 +73,8 @@ class PoolEstimator(BaseEstimator):
         program: PoolProgram = make_program(features, n_blocks, sample)
         engine = Engine(client, self._engine_options())
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
-                                 batch_size=int(self.batch_size), random_state=int(self.random_state))
+                                 batch_size=int(self.batch_size),
+                                 random_state=int(self.random_state))
         self.features_ = features
         self.n_blocks_ = n_blocks
         self.coef_ = state["w_avg"]

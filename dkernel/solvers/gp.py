@@ -41,7 +41,8 @@ _KEEP = 1e-5
 def covariance_partial(payload: dict, chunk: Chunk) -> dict:
     """Phi^T Phi over the chunk (unscaled features, every block of the pool)."""
     features: FeatureMap = payload["features"]
-    Phi = np.concatenate([block_rows(features, chunk, j) for j in range(payload["n_blocks"])], axis=1)
+    Phi = np.concatenate([block_rows(features, chunk, j) for j in range(payload["n_blocks"])],
+                         axis=1)
     return {"gram": (Phi.T @ Phi).astype(np.float64), "count": Phi.shape[0]}
 
 
@@ -56,7 +57,8 @@ def posterior_factor(gram: np.ndarray, n: int, alpha: float) -> np.ndarray:
     return U[:, keep] * np.sqrt(weight[keep])
 
 
-def posterior_variance(features: FeatureMap, n_blocks: int, factor: np.ndarray, X: Any) -> np.ndarray:
+def posterior_variance(features: FeatureMap, n_blocks: int, factor: np.ndarray,
+                       X: Any) -> np.ndarray:
     """var(x) = z^T z - |F^T z|^2 for the rows of X, shape (n,), clipped at 0."""
     Z = features.transform(X.astype(features.dtype, copy=False), n_blocks).astype(np.float64)
     var = (Z * Z).sum(axis=1) - ((Z @ factor) ** 2).sum(axis=1)

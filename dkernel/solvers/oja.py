@@ -139,7 +139,8 @@ def oja_fold(state: dict, prep: dict, payload: dict) -> dict[str, Any]:
     return out
 
 
-def init_state(n_features: int, n_components: int, seed: Any, center: bool = False) -> dict[str, Any]:
+def init_state(n_features: int, n_components: int, seed: Any,
+               center: bool = False) -> dict[str, Any]:
     state = {
         "V": initial_subspace(n_features, n_components, seed),
         "M": np.zeros((n_components, n_components)),
