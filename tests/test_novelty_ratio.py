@@ -122,3 +122,18 @@ def test_density_ratio_rejects_samples_of_different_width():
 def test_one_class_rejects_nu_outside_0_1():
     with pytest.raises(ValueError, match="nu must be in"):
         DSGOneClassSVM(nu=1.5).fit(np.zeros((5, 2)))
+
+
+def test_one_class_resumes_from_its_checkpoint_to_the_same_model(client, tmp_path):
+    """The offset and the averages are part of the checkpointed state: a fit resumed
+    from the last checkpoint (a few steps before the end) replays to the same model."""
+    X = _two_blobs(600, 6)
+    kw = dict(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=2, batch_size=64,
+              checkpoint=str(tmp_path / "oc.ckpt.npz"), checkpoint_every=7, client=client)
+    full = DSGOneClassSVM(**kw).fit(X)
+    # 2 x 10 steps, the last checkpoint at step 14: the resumed fit replays 6 steps
+    assert [h["steps"] for h in full.history_] == [10, 10]
+    resumed = DSGOneClassSVM(resume=True, **kw).fit(X)
+    assert [h["steps"] for h in resumed.history_] == [6]
+    np.testing.assert_array_equal(resumed.coef_, full.coef_)
+    assert resumed.offset_ == full.offset_
