@@ -114,9 +114,13 @@ class DSGDensityRatio(PoolEstimator):
 def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, int]:
     """(dataset, n_p, n_q): one dataset of both samples with y = 1 (numerator) / 0 (denominator).
 
-    In-memory samples are shuffled together (seeded), so every chunk and batch
-    mixes both; out-of-core samples are concatenated chunk-wise (batches then
-    mix through the engine's lanes, the per-row weights keep them unbiased)."""
+    Every chunk must mix both samples in proportion: a step draws its rows from a
+    few chunks, and with one-sample chunks whole groups of steps would see one
+    sample only -- unbiased over an epoch, but the averaged iterate leans to the
+    last group's sample (measured: log ratio 0.6 too low at the mode).
+    In-memory samples are shuffled together (seeded); out-of-core samples are
+    split into the same number K of even row ranges and combined chunk i is
+    (p's range i, q's range i), whose rows the engine shuffles."""
     p, q = open_dataset(X_p), open_dataset(X_q)
     if p.n_inputs != q.n_inputs:
         raise ValueError(f"X_numerator has {p.n_inputs} columns but X_denominator has "
@@ -127,8 +131,18 @@ def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, i
         order = np.random.default_rng([random_state, 0xD3]).permutation(len(X))
         data = open_dataset(X[order], y[order])
     else:
-        X = da.concatenate([p.X, q.X], axis=0)
-        y = da.concatenate([da.ones(p.n_rows, dtype=np.float32, chunks=(p.X.chunks[0],)),
-                            da.zeros(q.n_rows, dtype=np.float32, chunks=(q.X.chunks[0],))])
-        data = open_dataset(X, y)
+        K = min(max(p.n_chunks, q.n_chunks), p.n_rows, q.n_rows)
+        Xp = p.X.rechunk({0: _even(p.n_rows, K)})
+        Xq = q.X.rechunk({0: _even(q.n_rows, K)})
+        sizes = tuple(a + b for a, b in zip(Xp.chunks[0], Xq.chunks[0]))
+        X = da.concatenate([b for i in range(K) for b in (Xp.blocks[i], Xq.blocks[i])])
+        y = da.concatenate([b for i in range(K) for b in (
+            da.ones(Xp.chunks[0][i], dtype=np.float32),
+            da.zeros(Xq.chunks[0][i], dtype=np.float32))])
+        data = open_dataset(X.rechunk({0: sizes}), y.rechunk(sizes))
     return data, p.n_rows, q.n_rows
+
+
+def _even(n: int, k: int) -> tuple[int, ...]:
+    """n rows in k ranges whose sizes differ by at most one."""
+    return tuple(n // k + (1 if i < n % k else 0) for i in range(k))
