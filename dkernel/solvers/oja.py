@@ -191,12 +191,14 @@ _GROWTH = 2.0
 def theorem_step(n_rows: int, n_features: int, lam: float, max_sq_norm: float) -> float:
     """Deng et al.'s regime: eta = c log D / (n lambda) (``_GROWTH``), so eta n lambda
     = c log D whatever n, capped at their condition eta <= 0.1 / max |z|^2 (Property 3)."""
-    if not lam > 0:
+    if not max_sq_norm > 0:
         raise ValueError(
-            f"the feature covariance of the sample has eigenvalue {lam!r}; the data are "
-            "constant in feature space (check the bandwidth) -- give step_size explicitly")
-    eta = _GROWTH * np.log(n_features) / (max(int(n_rows), 1) * lam)
-    return float(min(eta, 0.1 / max_sq_norm))
+            "every sampled row has the same features (the data are constant in feature "
+            "space): check the data and the bandwidth, or give step_size explicitly")
+    cap = 0.1 / max_sq_norm
+    if not lam > 0:  # k beyond the sample's rank: the cap is the largest stable step
+        return float(cap)
+    return float(min(_GROWTH * np.log(n_features) / (max(int(n_rows), 1) * lam), cap))
 
 
 def sample_spectrum(Z: np.ndarray, n_components: int, center: bool) -> tuple[float, float]:
