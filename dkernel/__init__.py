@@ -3,7 +3,10 @@
 Estimators (scikit-learn shaped):
 
 - :class:`DSGRegressor`, :class:`DSGClassifier` -- doubly stochastic functional
-  gradients (Dai et al. 2014)
+  gradients (Dai et al. 2014); ``DSGRegressor(loss="quantile", quantile=...)``
+  for quantile regression, ``predict(X, return_std=True)`` for the GP posterior
+- :class:`DSGOneClassSVM` (novelty detection) and :class:`DSGDensityRatio`
+  (KL density ratio), Dai et al.'s other tasks
 - :class:`EigenProRegressor`, :class:`EigenProClassifier` -- preconditioned
   kernel SGD (Ma & Belkin 2017)
 - :class:`SphereRegressor` -- truncated kernel SGD on spheres (Bai & Shi)
@@ -19,6 +22,8 @@ from dkernel.estimators import (
     KernelSVD,
     StreamingKernelPCA,
     DSGClassifier,
+    DSGDensityRatio,
+    DSGOneClassSVM,
     DSGRegressor,
     EigenProClassifier,
     EigenProRegressor,
@@ -39,6 +44,8 @@ __all__ = [
     "KernelSVD",
     "StreamingKernelPCA",
     "DSGClassifier",
+    "DSGDensityRatio",
+    "DSGOneClassSVM",
     "DSGRegressor",
     "EigenProClassifier",
     "EigenProRegressor",

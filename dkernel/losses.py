@@ -8,6 +8,8 @@ estimator: regression targets as floats, binary/one-vs-rest targets as
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from typing import Any, Callable
 
 from dkernel.backend import namespace
@@ -53,27 +55,34 @@ def softmax(f: Any, y: Any) -> tuple[Any, Any]:
     return xp.broadcast_to(value, f.shape), p - y
 
 
-def huber(f: Any, y: Any, delta: float = 1.0) -> tuple[Any, Any]:
-    """l = r^2/2 for |r| <= delta, delta(|r| - delta/2) beyond."""
+def huber(f: Any, y: Any, epsilon: float = 0.1) -> tuple[Any, Any]:
+    """Robust regression (Dai et al. section 4 with threshold 1; ``epsilon`` as in
+    scikit-learn's ``SGDRegressor``): l = r^2/2 for |r| <= epsilon,
+    epsilon (|r| - epsilon/2) beyond; l' = r inside, epsilon sign(r) beyond."""
     xp = namespace(f)
     r = f - y
     a = xp.abs(r)
-    inside = a <= delta
-    value = xp.where(inside, 0.5 * r * r, delta * (a - 0.5 * delta))
-    return value, xp.where(inside, r, delta * xp.sign(r))
+    inside = a <= epsilon
+    eps = f.dtype.type(epsilon)
+    value = xp.where(inside, 0.5 * r * r, eps * (a - 0.5 * eps))
+    return value, xp.where(inside, r, eps * xp.sign(r))
 
 
 def epsilon_insensitive(f: Any, y: Any, epsilon: float = 0.1) -> tuple[Any, Any]:
-    """Support vector regression: l = max(0, |f - y| - eps)."""
+    """Support vector regression: l = max(0, |f - y| - epsilon), l' = sign(f - y)
+    outside the tube; epsilon = 0 is least absolute deviation (Dai et al. section 4)."""
     xp = namespace(f)
     r = f - y
-    a = xp.abs(r) - epsilon
+    a = xp.abs(r) - f.dtype.type(epsilon)
     return xp.maximum(a, 0), xp.sign(r) * (a > 0).astype(f.dtype)
 
 
-def quantile(f: Any, y: Any, tau: float = 0.5) -> tuple[Any, Any]:
-    """Pinball loss: l = max(tau (y - f), (tau - 1)(y - f))."""
+def quantile(f: Any, y: Any, quantile: float = 0.5) -> tuple[Any, Any]:
+    """Pinball loss at level tau = ``quantile`` (scikit-learn's ``QuantileRegressor``
+    name): l = max(tau (y - f), (tau - 1)(y - f)); l' = 1 - tau if f >= y else -tau
+    (Dai et al. section 4).  Its minimiser is the tau-quantile of y given x."""
     xp = namespace(f)
+    tau = f.dtype.type(quantile)
     r = y - f
     value = xp.maximum(tau * r, (tau - 1) * r)
     return value, xp.where(r > 0, -tau, 1 - tau).astype(f.dtype)
@@ -93,8 +102,60 @@ REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "quantile")
 CLASSIFICATION_LOSSES = ("hinge", "squared_hinge", "logistic", "softmax")
 
 
-def get_loss(name: str) -> LossFn:
+#: Parameters each loss takes, with scikit-learn's names and defaults.
+LOSS_PARAMS: dict[str, dict[str, float]] = {
+    "huber": {"epsilon": 0.1},
+    "epsilon_insensitive": {"epsilon": 0.1},
+    "quantile": {"quantile": 0.5},
+}
+
+#: A loss as it travels in a step payload and a checkpoint fingerprint: its name,
+#: or for a loss with parameters ``{"name": ..., <param>: value}`` (picklable and
+#: JSON-able, so workers rebuild the same function and a resume checks it).
+LossSpec = str | dict[str, Any]
+
+
+def loss_spec(name: str, **params: Any) -> LossSpec:
+    """The spec of loss ``name`` with the parameters it takes picked from
+    ``params`` (others are ignored, as scikit-learn ignores ``epsilon`` for
+    the squared loss); a loss without parameters is its bare name."""
+    get_loss(name)
+    taken = LOSS_PARAMS.get(name)
+    if not taken:
+        return name
+    spec: dict[str, Any] = {"name": name}
+    for key, default in taken.items():
+        value = params.get(key)
+        spec[key] = float(default if value is None else value)
+    _check_params(spec)
+    return spec
+
+
+def _check_params(spec: dict[str, Any]) -> None:
+    name = spec["name"]
+    for key, value in spec.items():
+        if key == "name":
+            continue
+        if key not in LOSS_PARAMS.get(name, {}):
+            raise ValueError(f"loss={name!r} takes no parameter {key!r}; "
+                             f"it takes {', '.join(LOSS_PARAMS.get(name, {})) or 'none'}")
+        if not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
+    if name in ("huber", "epsilon_insensitive") and not spec["epsilon"] >= 0:
+        raise ValueError(f"epsilon must be >= 0 for loss={name!r}, got {spec['epsilon']!r}")
+    if name == "quantile" and not 0 < spec["quantile"] < 1:
+        raise ValueError(f"quantile must be strictly between 0 and 1, got {spec['quantile']!r}")
+
+
+def get_loss(spec: LossSpec) -> LossFn:
+    """The loss function of a name or a spec from :func:`loss_spec`."""
+    if isinstance(spec, dict):
+        params = {k: v for k, v in spec.items() if k != "name"}
+        fn = get_loss(spec.get("name", ""))
+        _check_params(spec)
+        return partial(fn, **params) if params else fn
     try:
-        return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"loss={name!r} is not supported; choose one of {', '.join(LOSSES)}") from None
+        return LOSSES[spec]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"loss={spec!r} is not supported; choose one of {', '.join(LOSSES)}") from None

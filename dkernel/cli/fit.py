@@ -50,6 +50,10 @@ def _build_dsg(args: argparse.Namespace) -> Any:
 
     cls = DSGClassifier if _task(args) == "classification" else DSGRegressor
     kw: dict[str, Any] = {}
+    for flag in ("epsilon", "quantile"):
+        if getattr(args, flag, None) is not None and cls is DSGClassifier:
+            raise ValueError(f"--{flag} is a parameter of the regression losses; "
+                             "use it with --task regression")
     if args.preconditioner is not None:
         kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
     return cls(
@@ -68,6 +72,8 @@ def _build_dsg(args: argparse.Namespace) -> Any:
                 ("step_size", "step_size"),
                 ("step_decay", "step_decay"),
                 ("lanes", "lanes"),
+                ("epsilon", "epsilon"),
+                ("quantile", "quantile"),
             ),
         )
     )
@@ -275,6 +281,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--loss",
         help="loss (dsg): squared, huber, epsilon_insensitive, quantile; "
         "softmax, hinge, squared_hinge, logistic",
+    )
+    g.add_argument(
+        "--epsilon",
+        type=float,
+        help="huber threshold / epsilon_insensitive tube (dsg regression)",
+    )
+    g.add_argument(
+        "--quantile", type=float, help="level of the quantile loss, in (0, 1) (dsg regression)"
     )
     g.add_argument(
         "--block-size",

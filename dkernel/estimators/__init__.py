@@ -2,7 +2,9 @@
 
 from dkernel.estimators.components import KernelCCA, KernelPCA, KernelSVD
 from dkernel.estimators.dsg import DSGClassifier, DSGRegressor
+from dkernel.estimators.density_ratio import DSGDensityRatio
 from dkernel.estimators.eigenpro import EigenProClassifier, EigenProRegressor
+from dkernel.estimators.novelty import DSGOneClassSVM
 from dkernel.estimators.sphere import SphereRegressor
 from dkernel.estimators.streaming import StreamingKernelPCA
 
@@ -12,6 +14,8 @@ __all__ = [
     "KernelSVD",
     "StreamingKernelPCA",
     "DSGClassifier",
+    "DSGDensityRatio",
+    "DSGOneClassSVM",
     "DSGRegressor",
     "EigenProClassifier",
     "EigenProRegressor",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any
@@ -40,7 +41,8 @@ from dkernel.estimators.history import (
 )
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
-from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES
+from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
+from dkernel.solvers import gp
 from dkernel.solvers.dsg import DSGProgram, decision
 from dkernel.solvers.eigenpro import step_size
 from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
@@ -178,6 +180,12 @@ class _DSGBase(BaseEstimator):
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
+        self._loss_spec()  # checks epsilon / quantile
+
+    def _loss_spec(self) -> LossSpec:
+        """The loss with its parameters (the regressor's ``epsilon``, ``quantile``)."""
+        return loss_spec(self._loss, epsilon=getattr(self, "epsilon", None),
+                         quantile=getattr(self, "quantile", None))
 
     @property
     def _loss(self) -> str:
@@ -221,7 +229,7 @@ class _DSGBase(BaseEstimator):
                                                                                bandwidth)
                 else:
                     self.step_size_ = float(self.step_size)
-                program = DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha),
+                program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
                                      self.step_size_, float(self.step_decay))
             monitor = self._epoch_monitor(engine, program, val, features, encoding)
             state = engine.run_steps(
@@ -252,7 +260,7 @@ class _DSGBase(BaseEstimator):
             self.step_size_ = _STEP_SCALE[self._loss] * step_size(self.batch_size_, beta, pre.new_top) / 2
         else:
             self.step_size_ = float(self.step_size)
-        return DSGProgram(features, self._loss, encoding, n_blocks, float(self.alpha), self.step_size_,
+        return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha), self.step_size_,
                           float(self.step_decay), preconditioner=pre, beta=beta,
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1)
 
@@ -331,6 +339,14 @@ def _json(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+def _extended_signature(base: Any, init: Any) -> inspect.Signature:
+    """Signature of ``base`` with the keyword-only parameters of ``init`` added."""
+    params = [p for p in inspect.signature(base).parameters.values() if p.kind != p.VAR_KEYWORD]
+    extra = [p for p in inspect.signature(init).parameters.values()
+             if p.kind == p.KEYWORD_ONLY]
+    return inspect.Signature(params + extra)
+
+
 def _decision_block(Xb: Any, features: FeatureMap, coef: np.ndarray) -> Any:
     return decision(features, coef, Xb.astype(features.dtype, copy=False))
 
@@ -348,6 +364,19 @@ class DSGRegressor(RegressorMixin, _DSGBase):
     Parameters
     ----------
     loss : str, default=None (meaning "squared")
+    epsilon : float, default=0.1
+        Threshold of the "huber" loss (quadratic within epsilon of the target,
+        linear beyond) and half-width of the "epsilon_insensitive" tube, as in
+        scikit-learn's ``SGDRegressor``.  Ignored by the other losses.
+    quantile : float, default=0.5
+        Level tau in (0, 1) of the "quantile" (pinball) loss, as in
+        scikit-learn's ``QuantileRegressor``: the fit estimates the tau-quantile
+        of y given x.  Ignored by the other losses.
+    posterior_variance : bool, default=False
+        Also fit the Gaussian-process posterior variance (Dai et al. App. D),
+        for ``predict(X, return_std=True)``: one more pass and a
+        n_features x n_features eigendecomposition (n_features <= 8192).
+        Squared loss only (the GP mean).
 {_DOC_PARAMS}
     Attributes
     ----------
@@ -375,18 +404,85 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         tags.target_tags.multi_output = True  # 2-D y: one output per column
         return tags
 
+    def __init__(self, *, epsilon: float = 0.1, quantile: float = 0.5,
+                 posterior_variance: bool = False, **params: Any) -> None:
+        super().__init__(**params)
+        self.epsilon = epsilon
+        self.quantile = quantile
+        self.posterior_variance = posterior_variance
+
+    # get_params / clone / repr read the signature: the shared parameters of
+    # _DSGBase plus the regressor's own (one list of defaults, in _DSGBase)
+    __init__.__signature__ = _extended_signature(_DSGBase.__init__, __init__)  # type: ignore[attr-defined]
+
     def _encoding(self, data: Any, client: Any) -> TargetEncoding:
         y = data.y
         mean = (data.host[1].mean(axis=0) if data.host is not None
                 else client.compute(y.astype(np.float64).mean(axis=0)).result())
         return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
-    def predict(self, X: Any) -> Any:
-        """f(X) + mean(y), float32 like the feature path; lazy dask array for dask input."""
+    def fit(self, X: Any, y: Any = None) -> DSGRegressor:
+        """Fit on X (array or store path) and y (or the store's ``y``); with
+        ``posterior_variance=True`` one more pass for the GP posterior variance."""
+        if self.posterior_variance:  # before the long part
+            if self._loss != "squared":
+                raise ValueError(
+                    f"posterior_variance=True is the Gaussian-process posterior, whose mean is "
+                    f"the squared loss's fit; loss={self.loss!r} has no such model")
+            gp.check_pool_size(int(self.n_features))
+        super().fit(X, y)
+        if hasattr(self, "gp_factor_"):
+            del self.gp_factor_
+        if self.posterior_variance:
+            # Dai et al. App. D on the fitted pool: C = Z^T Z / n, summed on the workers
+            # from the blocks the fit cached (module dkernel.solvers.gp)
+            data = open_dataset(X, y, require_y=True)
+            payload = {"features": self.features_, "n_blocks": self._n_blocks()}
+            with connect(self.client) as client:
+                total = Engine(client, self._engine_options()).map_reduce(
+                    data, gp.covariance_partial, payload, label="gp-variance", wants_chunk=True)
+            self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),
+                                                  float(self.alpha))
+        return self
+
+    def _n_blocks(self) -> int:
+        return self.coef_.shape[0] // self.features_.block_size
+
+    def predict(self, X: Any, return_std: bool = False) -> Any:
+        """f(X) + mean(y); lazy dask array for dask input.
+
+        With ``return_std=True`` (a model fitted with ``posterior_variance=True``)
+        also the posterior standard deviation of the latent f ~ GP(0, k) at X,
+        shape (n,), with noise variance sigma^2 = n_samples * alpha (Dai et al.
+        section 4, App. D; :mod:`dkernel.solvers.gp`).  It is in units of the
+        kernel's prior variance k(x, x) = 1 (scikit-learn's
+        ``GaussianProcessRegressor(kernel=RBF(bandwidth), alpha=sigma^2)``
+        returns the same), not of y.
+        """
         X = self._validated(X)
         f = self._decision(X)
         off = np.asarray(self.encoding_.offset, dtype=np.float32)
-        return f + (off[0] if f.ndim == 1 else off)
+        mean = f + (off[0] if f.ndim == 1 else off)
+        if not return_std:
+            return mean
+        if not hasattr(self, "gp_factor_"):
+            raise AttributeError("return_std=True needs the posterior variance: fit with "
+                                 "DSGRegressor(posterior_variance=True, loss='squared')")
+        features, n_blocks, factor = self.features_, self._n_blocks(), self.gp_factor_
+        var = apply_rows(lambda Xb: gp.posterior_variance(features, n_blocks, factor, Xb), X, None,
+                         np.dtype(np.float64))
+        return mean, (da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var))
+
+    def _get_model_state(self) -> tuple[dict, dict]:
+        arrays, meta = super()._get_model_state()
+        if hasattr(self, "gp_factor_"):
+            arrays["gp_factor"] = self.gp_factor_
+        return arrays, meta
+
+    def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        super()._set_model_state(arrays, meta)
+        if "gp_factor" in arrays:
+            self.gp_factor_ = arrays["gp_factor"]
 
     def score(self, X: Any, y: Any = None) -> float:
         """R^2 of the prediction (y may be omitted for a store holding ``y``)."""

@@ -33,8 +33,10 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     One pass over the chunks in order with O(D k) state; the blocked exact
     update of DESIGN 2.5 (per-chunk Gram matrices built in parallel on the
     workers, only V threaded through the chunks); top-k by Oja's subspace
-    rule with re-orthonormalisation.  Uncentred, as in the paper: the
-    components are the top eigenvectors of E[z z^T].
+    rule with re-orthonormalisation.  Centred by default (a running mean,
+    folded into the exact blocked update): the components are the top
+    eigenvectors of the feature covariance, as in scikit-learn's KernelPCA;
+    ``center=False`` gives the paper's uncentred E[z z^T].
 
     Parameters
     ----------
@@ -44,7 +46,16 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     n_features : int, default=2048
         D, the width of the fixed feature map z (z.z ~ k).
     step_size : float or "auto", default="auto"
-        Constant eta; "auto" is 0.1 / max|z|^2 = 0.05.
+        Constant eta.  "auto" follows Deng et al.'s theorem regime,
+        eta = 2 log D / (n lambda_k): n the number of rows (known before the
+        pass), lambda_k the k-th eigenvalue of the (centred) feature covariance
+        of a 1000-row sample (lambda_1 for one component, as in the paper), so
+        that the k-th direction grows by D^2 over the pass whatever n and the
+        stream noise falls with n; capped at their condition
+        eta <= 0.1 / max|z|^2.  Resolved value: ``eta_``.
+    center : bool, default=True
+        Subtract the running mean of the features (exactly, inside the blocked
+        update); False is the paper's uncentred covariance.
     block_rows : int, default=512
         Rows per exact triangular block (memory b^2 per block).
     random_state : int, RandomState, Generator or None, default=0
@@ -64,6 +75,11 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     history_ : list of dict
         The one pass: ``epoch``, ``rows``, ``seconds`` (including the
         bandwidth sample) and ``variance``, the sum of ``explained_variance_``.
+    mean_ : ndarray (n_features_,)
+        Mean feature vector of the stream (zeros when ``center=False``);
+        ``transform`` subtracts it.
+    eta_ : float
+        The step used.
     """
 
     def __init__(
@@ -74,6 +90,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         bandwidth: float | str = "auto",
         n_features: int = 2048,
         step_size: float | str = "auto",
+        center: bool = True,
         block_rows: int = 512,
         random_state: int = 0,
         client: Any = None,
@@ -87,6 +104,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.bandwidth = bandwidth
         self.n_features = n_features
         self.step_size = step_size
+        self.center = center
         self.block_rows = block_rows
         self.random_state = random_state
         self.client = client
@@ -110,24 +128,30 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
         data.y = None
+        center = bool(self.center)
         with connect(self.client) as client:
             t0 = time.perf_counter()
-            bandwidth = resolve_bandwidth(
-                self.bandwidth, self.kernel, sample_rows(data, self.random_state_, client)
-            )
+            sample = sample_rows(data, self.random_state_, client)
+            bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             B = min(256, int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
-            eta = oja.default_step(features) if self.step_size == "auto" else float(self.step_size)
+            if self.step_size == "auto":
+                Zs = oja.features_of({"features": features, "n_blocks": n_blocks}, sample)
+                lam, max_sq = oja.sample_spectrum(Zs, int(self.n_components), center)
+                eta = oja.theorem_step(data.n_rows, n_blocks * B, lam, max_sq)
+            else:
+                eta = float(self.step_size)
             payload = {
                 "features": features,
                 "n_blocks": n_blocks,
                 "eta": eta,
                 "block_rows": int(self.block_rows),
                 "n_total": data.n_rows,
+                "center": center,
             }
             state = oja.init_state(
-                n_blocks * B, int(self.n_components), [self.random_state_, 0x0A1A]
+                n_blocks * B, int(self.n_components), [self.random_state_, 0x0A1A], center
             )
             state = Engine(client, self._engine_options()).scan(
                 data,
@@ -141,7 +165,8 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 pass_start=True,
             )
         V, lam = oja.ordered(state)
-        self._set_fitted(features, n_blocks, V, lam, eta)
+        mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])
+        self._set_fitted(features, n_blocks, V, lam, eta, mean)
         # one pass: its length, and the variance the components capture over
         # the second half of the stream (the Rayleigh quotients above)
         self.history_ = [{"epoch": 1, "rows": int(data.n_rows), "seconds": time.perf_counter() - t0,
@@ -149,13 +174,15 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return self
 
     def _set_fitted(
-        self, features: FeatureMap, n_blocks: int, V: np.ndarray, lam: np.ndarray, eta: float
+        self, features: FeatureMap, n_blocks: int, V: np.ndarray, lam: np.ndarray, eta: float,
+        mean: np.ndarray,
     ) -> None:
         self.features_ = features
         self.n_blocks_ = int(n_blocks)
         self.components_ = V
         self.explained_variance_ = lam
-        self.step_size_ = float(eta)
+        self.eta_ = float(eta)
+        self.mean_ = mean
         self.bandwidth_ = features.bandwidth
         self.n_features_in_ = features.n_inputs
         self.n_features_ = V.shape[0]
@@ -167,13 +194,15 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         )
 
     def transform(self, X: Any) -> Any:
-        """Projections z(X) V, shape (n, n_components); lazy for dask input."""
+        """Projections (z(X) - mean_) V, shape (n, n_components); lazy for dask input."""
         self._check_fitted("components_")
         X = validate_predict_input(self, X)
         payload = {"features": self.features_, "n_blocks": self.n_blocks_}
-        V = self.components_.astype(self.features_.dtype)
+        dt = self.features_.dtype
+        V = self.components_.astype(dt)
+        shift = (self.mean_ @ self.components_).astype(dt)  # (z - m) V = z V - m V
         return apply_rows(
-            lambda Xb: _oja_block(Xb, payload, V), X, V.shape[1], np.dtype(self.features_.dtype)
+            lambda Xb: _oja_block(Xb, payload, V, shift), X, V.shape[1], np.dtype(dt)
         )
 
     def __sklearn_tags__(self) -> Any:
@@ -188,25 +217,28 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("components_")
         return (
-            {"components": self.components_, "explained_variance": self.explained_variance_},
+            {"components": self.components_, "explained_variance": self.explained_variance_,
+             "mean": self.mean_},
             {
                 "features": self.features_.to_dict(),
                 "n_blocks": self.n_blocks_,
-                "step_size_": self.step_size_,
+                "eta_": self.eta_,
                 **history_meta(self),
             },
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        V = arrays["components"]
         self._set_fitted(
             FeatureMap(**meta["features"]),
             meta["n_blocks"],
-            arrays["components"],
+            V,
             arrays["explained_variance"],
-            meta["step_size_"],
+            meta.get("eta_", meta.get("step_size_")),  # files before eta_ named it step_size_
+            arrays["mean"] if "mean" in arrays else np.zeros(V.shape[0]),
         )
         set_history(self, meta)
 
 
-def _oja_block(Xb: Any, payload: dict, V: np.ndarray) -> Any:
-    return oja.features_of(payload, Xb) @ V
+def _oja_block(Xb: Any, payload: dict, V: np.ndarray, shift: np.ndarray) -> Any:
+    return oja.features_of(payload, Xb) @ V - shift

@@ -183,7 +183,7 @@ class DSGProgram(StepProgram):
     """
 
     features: FeatureMap
-    loss: str
+    loss: str | dict  # a losses.LossSpec: the name, or name + parameters (loss_spec)
     encoding: TargetEncoding
     n_blocks: int
     alpha: float

@@ -1,0 +1,125 @@
+"""What the whole-pool functional-gradient estimators share (DSGOneClassSVM,
+DSGDensityRatio): parameters, the fit plumbing and the fitted score f = z^T w."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from dkernel.data.dataset import Dataset
+from dkernel.data.validate import check_positive
+from dkernel.engine import Engine
+from dkernel.estimators.base import (
+    BaseEstimator,
+    apply_rows,
+    check_common_params,
+    check_predict_input,
+    resolve_bandwidth,
+    sample_rows,
+)
+from dkernel.features import FeatureMap
+from dkernel.solvers.pool import PoolProgram, pool_decision
+
+POOL_DOC = """
+    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
+    bandwidth : float or "auto", default="auto"
+        Kernel scale; "auto" is the median heuristic on a sample of rows.
+    n_features : int, default=2048
+        Size D of the random feature pool; f = z^T w with z.z ~ k.
+    block_size : int, default=256
+        Features per seed (block) of the pool.
+    batch_size : int, default=512
+        Rows per step, spread over ``lanes`` chunks.
+    n_epochs : int, default=5
+    step_decay : float or "auto", default="auto"
+        gamma_t = step_size / (1 + step_decay * t).  "auto" is nu * step_size
+        (nu the strong convexity, ``nu`` or ``alpha``), so that gamma_t tends
+        to 1 / (nu t), the rate-optimal schedule of Pegasos and of Dai et
+        al.'s theorems, without their huge first steps.  The model is the
+        polynomial-decay average of the iterates (Shamir & Zhang 2013).
+    lanes : int, default=4
+        Chunks sharing one step.
+    random_state : int, default=0
+        Global seed of features and shuffling.
+    client : distributed.Client, optional
+        Cluster to run on; None means the current client or a new LocalCluster.
+    verbose : bool, default=False
+    checkpoint, checkpoint_every, resume
+        Checkpoint file, interval in steps, and whether to continue from it.
+"""
+
+
+class PoolEstimator(BaseEstimator):
+    """Fit plumbing for a :class:`PoolProgram`; subclasses build the program."""
+
+    def _check_pool_params(self) -> None:
+        check_common_params(self)
+        check_positive("block_size", self.block_size, integer=True)
+        if self.step_size != "auto":
+            check_positive("step_size", self.step_size)
+        if self.step_decay != "auto":
+            check_positive("step_decay", self.step_decay, allow_zero=True)
+        check_positive("lanes", self.lanes, integer=True)
+
+    def _fit_program(self, data: Dataset, client: Any, make_program: Any) -> dict[str, Any]:
+        """Resolve bandwidth and pool, run ``make_program(features, n_blocks, sample)``."""
+        sample = sample_rows(data, self.random_state, client)
+        bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
+        B = min(int(self.block_size), int(self.n_features))
+        n_blocks = math.ceil(int(self.n_features) / B)
+        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+        program: PoolProgram = make_program(features, n_blocks, sample)
+        engine = Engine(client, self._engine_options())
+        state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
+                                 batch_size=int(self.batch_size),
+                                 random_state=int(self.random_state))
+        self.features_ = features
+        self.n_blocks_ = n_blocks
+        self.coef_ = state["w_avg"]
+        self.step_size_ = program.step_size
+        self.step_decay_ = program.step_decay
+        self.history_ = engine.history
+        self.bandwidth_ = bandwidth
+        self.n_features_in_ = data.n_inputs
+        self.n_features_ = n_blocks * B
+        return state
+
+    def _steps(self, strong_convexity: float, auto_step: float) -> tuple[float, float]:
+        """(step_size, step_decay) with "auto" resolved (see ``step_decay``)."""
+        step = auto_step if self.step_size == "auto" else float(self.step_size)
+        decay = strong_convexity * step if self.step_decay == "auto" else float(self.step_decay)
+        return step, decay
+
+    def _score(self, X: Any) -> Any:
+        """f(X) = z(X)^T coef_, shape (n,); lazy for dask input."""
+        self._check_fitted("coef_")
+        X = check_predict_input(X, self.n_features_in_)
+        features, n_blocks, w = self.features_, self.n_blocks_, self.coef_
+        return apply_rows(lambda Xb: pool_decision(features, n_blocks, w, Xb), X, None,
+                          np.dtype(features.dtype))
+
+    def _get_model_state(self) -> tuple[dict, dict]:
+        self._check_fitted("coef_")
+        return ({"coef": self.coef_},
+                {"features": self.features_.to_dict(), "n_blocks": self.n_blocks_,
+                 "step_size_": self.step_size_, "step_decay_": self.step_decay_,
+                 **self._extra_meta()})
+
+    def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        self.features_ = FeatureMap(**meta["features"])
+        self.n_blocks_ = int(meta["n_blocks"])
+        self.coef_ = arrays["coef"]
+        self.step_size_ = meta["step_size_"]
+        self.step_decay_ = meta["step_decay_"]
+        self.bandwidth_ = self.features_.bandwidth
+        self.n_features_in_ = self.features_.n_inputs
+        self.n_features_ = self.coef_.shape[0]
+        self._set_extra_meta(meta)
+
+    def _extra_meta(self) -> dict[str, Any]:
+        return {}
+
+    def _set_extra_meta(self, meta: dict) -> None:
+        pass

@@ -1,0 +1,141 @@
+"""Regression losses with parameters (Dai et al. section 4; scikit-learn's names)
+against independent definitions, and quantile regression's coverage."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from scipy.special import huber as scipy_huber
+from sklearn.metrics import mean_pinball_loss
+
+from dkernel import DSGClassifier, DSGRegressor, load_model
+from dkernel.cli import main
+from dkernel.data import write_store
+from dkernel.losses import get_loss, loss_spec
+
+
+def _residual_grid(kinks: list[float]) -> np.ndarray:
+    """f - y values spread over [-3, 3], kept 1e-3 away from the loss's kinks so
+    central differences see one smooth piece."""
+    r = np.linspace(-3, 3, 601)
+    for k in kinks:
+        r = r[np.abs(r - k) > 1e-3]
+    return r
+
+
+def _numeric_derivative(fn, f: np.ndarray, y: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    return (fn(f + h, y)[0] - fn(f - h, y)[0]) / (2 * h)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0])
+def test_huber_value_and_derivative_match_its_definition(epsilon):
+    fn = get_loss(loss_spec("huber", epsilon=epsilon))
+    r = _residual_grid([-epsilon, epsilon])
+    y = np.linspace(-1, 1, r.size)
+    f = y + r
+    value, dl = fn(f, y)
+    # scipy.special.huber(delta, r) = r^2/2 inside, delta (|r| - delta/2) beyond
+    np.testing.assert_allclose(value, scipy_huber(epsilon, r), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(dl, _numeric_derivative(fn, f, y), rtol=1e-6, atol=1e-8)
+    # the threshold is what the parameter says: linear growth of slope epsilon beyond it
+    assert np.allclose(np.abs(dl[np.abs(r) > epsilon]), epsilon)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.7])
+def test_epsilon_insensitive_value_and_derivative_match_its_definition(epsilon):
+    fn = get_loss(loss_spec("epsilon_insensitive", epsilon=epsilon))
+    r = _residual_grid([-epsilon, epsilon, 0.0])
+    y = np.cos(np.arange(r.size))
+    f = y + r
+    value, dl = fn(f, y)
+    np.testing.assert_allclose(value, np.maximum(0, np.abs(r) - epsilon), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(dl, _numeric_derivative(fn, f, y), rtol=1e-6, atol=1e-8)
+    assert np.all(dl[np.abs(r) < epsilon] == 0)
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.5, 0.9])
+def test_quantile_value_and_derivative_match_the_pinball_loss(tau):
+    fn = get_loss(loss_spec("quantile", quantile=tau))
+    r = _residual_grid([0.0])
+    y = np.sin(np.arange(r.size))
+    f = y + r
+    value, dl = fn(f, y)
+    for i in range(0, r.size, 50):  # scikit-learn's pinball loss, one point at a time
+        assert value[i] == pytest.approx(mean_pinball_loss([y[i]], [f[i]], alpha=tau), abs=1e-12)
+    np.testing.assert_allclose(dl, _numeric_derivative(fn, f, y), rtol=1e-6, atol=1e-8)
+    # Dai et al. section 4: l' = 1 - tau above the target, -tau below
+    np.testing.assert_allclose(dl, np.where(r > 0, 1 - tau, -tau))
+
+
+def test_loss_functions_keep_float32():
+    f = np.linspace(-2, 2, 9, dtype=np.float32)[:, None]
+    y = np.zeros_like(f)
+    for name in ("huber", "epsilon_insensitive", "quantile"):
+        value, dl = get_loss(loss_spec(name, epsilon=0.3, quantile=0.8))(f, y)
+        assert value.dtype == np.float32 and dl.dtype == np.float32, name
+
+
+def test_loss_spec_travels_by_pickle_and_rejects_bad_parameters():
+    spec = loss_spec("quantile", quantile=0.9, epsilon=3.0)  # epsilon ignored, as in sklearn
+    assert spec == {"name": "quantile", "quantile": 0.9}
+    back = pickle.loads(pickle.dumps(get_loss(spec)))
+    assert back(np.array([0.0]), np.array([1.0]))[1][0] == pytest.approx(-0.9)
+    assert loss_spec("squared", epsilon=0.5) == "squared"
+    with pytest.raises(ValueError, match="quantile must be strictly between 0 and 1"):
+        loss_spec("quantile", quantile=1.0)
+    with pytest.raises(ValueError, match="epsilon must be >= 0"):
+        loss_spec("huber", epsilon=-0.1)
+    with pytest.raises(ValueError, match="takes no parameter 'quantile'"):
+        get_loss({"name": "huber", "quantile": 0.5})
+    with pytest.raises(ValueError, match="quantile must be strictly between"):
+        DSGRegressor(loss="quantile", quantile=0).fit(np.zeros((4, 1)), np.zeros(4))
+
+
+def _heteroscedastic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """y = sin(3x) + s(x) e with noise scale s(x) = 0.1 + 0.4 (x + 1) / 2 rising 5-fold."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, 1))
+    s = 0.1 + 0.2 * (x[:, 0] + 1)
+    y = np.sin(3 * x[:, 0]) + s * rng.standard_normal(n)
+    return x.astype(np.float32), y.astype(np.float32), s
+
+
+def test_quantile_regression_at_0_9_covers_0_9_of_held_out_targets(client):
+    X, y, _ = _heteroscedastic(6000, 0)
+    Xt, yt, st = _heteroscedastic(20000, 1)
+    # step_decay 0.1 (gamma_t ~ theta / t, Dai et al. Thm. 4): the pinball subgradient never
+    # vanishes, so a slowly decaying step leaves last-iterate noise of order gamma
+    # (measured: coverage of the median 0.58 at the default decay 1e-3, 0.51 at 0.1)
+    kw = dict(loss="quantile", bandwidth=0.3, n_features=512, alpha=1e-5, n_epochs=8,
+              batch_size=256, step_decay=0.1, client=client)
+    q90 = DSGRegressor(quantile=0.9, **kw).fit(X, y)
+    below = yt <= q90.predict(Xt)
+    # the issue's bar: 0.9 +- 0.03.  20k held-out points put the sampling error of the
+    # coverage at sqrt(0.09 / 20000) = 0.002, so the rest of the band is the fit's.
+    assert abs(below.mean() - 0.9) <= 0.03, below.mean()
+    # conditional, not only marginal: the quantile follows the noise scale, so both the
+    # quiet half (s < 0.3) and the noisy half hold ~0.9; a constant shift of the mean
+    # over-covers the first and under-covers the second (0.96 / 0.84 for this data;
+    # measured for the fit: 0.90 / 0.90)
+    quiet = st < 0.3
+    assert abs(below[quiet].mean() - 0.9) <= 0.05 and abs(below[~quiet].mean() - 0.9) <= 0.05, (
+        below[quiet].mean(), below[~quiet].mean())
+    q50 = DSGRegressor(quantile=0.5, **kw).fit(X, y)
+    assert abs((yt <= q50.predict(Xt)).mean() - 0.5) <= 0.03
+
+
+def test_cli_passes_epsilon_and_quantile_and_saves_them(client, tmp_path, capsys):
+    X, y, _ = _heteroscedastic(1000, 2)
+    store = write_store(tmp_path / "h.zarr", X, y, chunk_rows=500)
+    out = str(tmp_path / "q.npz")
+    assert main(["fit", store, "--task", "regression", "--loss", "quantile", "--quantile", "0.8",
+                 "--features", "128", "--epochs", "1", "--bandwidth", "0.3", "--out", out,
+                 "--quiet", "--workers", "1"]) == 0
+    model = load_model(out)
+    assert model.quantile == 0.8 and model._loss_spec() == {"name": "quantile", "quantile": 0.8}
+    capsys.readouterr()
+    assert main(["fit", store, "--epsilon", "0.2", "--out", out, "--quiet"]) != 0
+    assert "--epsilon is a parameter of the regression losses" in capsys.readouterr().err
+    assert "epsilon" not in DSGClassifier().get_params()

@@ -1,0 +1,157 @@
+"""Dai et al.'s novelty detection and KL density ratio against dense references."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+from sklearn.metrics import roc_auc_score
+from sklearn.svm import OneClassSVM
+
+from dkernel import DSGDensityRatio, DSGOneClassSVM, load_model
+
+
+def _two_blobs(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, 2, n)
+    centres = np.array([[-1.5, 0.0], [1.5, 0.5]])
+    return (0.6 * rng.standard_normal((n, 2)) + centres[c]).astype(np.float32)
+
+
+def test_one_class_auc_within_0_02_of_sklearn_one_class_svm(client):
+    X = _two_blobs(3000, 0)
+    inliers = _two_blobs(2000, 1)
+    outliers = (np.random.default_rng(2).standard_normal((2000, 2)) * 2.5).astype(np.float32)
+    Xt = np.vstack([inliers, outliers])
+    yt = np.r_[np.ones(2000), np.zeros(2000)]
+    nu, bw = 0.2, 0.7
+    exact = OneClassSVM(nu=nu, gamma=1 / (2 * bw**2)).fit(X)
+    auc_exact = roc_auc_score(yt, exact.score_samples(Xt))
+    model = DSGOneClassSVM(nu=nu, bandwidth=bw, n_features=1024, n_epochs=8, batch_size=128,
+                           client=client).fit(da.from_array(X, chunks=(750, 2)))
+    auc = roc_auc_score(yt, model.score_samples(Xt))
+    # the issue's bar.  Measured 0.898 vs 0.893: 1024 random features of the kernel
+    # (libsvm's optimum on these features scores within 0.002 of the exact kernel's)
+    # and an averaged SGD iterate after 188 steps, whose remaining error smooths f
+    # (at nu = 0.1, where 1 / (nu t) decays half as fast, 188 steps gave 0.895 vs 0.875)
+    assert abs(auc - auc_exact) <= 0.02, (auc, auc_exact)
+    # about nu of the training rows fall below the offset (Schoelkopf's nu-property)
+    frac_out = float((model.predict(X) == -1).mean())
+    assert 0.5 * nu <= frac_out <= 1.5 * nu, frac_out
+    d = model.decision_function(Xt)
+    np.testing.assert_allclose(d, model.score_samples(Xt) - model.offset_, rtol=1e-6, atol=1e-6)
+    assert set(np.unique(model.predict(Xt))) == {-1, 1}
+
+
+def test_one_class_model_file_round_trip(client, tmp_path):
+    X = _two_blobs(500, 5)
+    model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=1, batch_size=100,
+                           client=client).fit(X)
+    model.save(str(tmp_path / "oc.npz"))
+    back = load_model(tmp_path / "oc.npz")
+    assert isinstance(back, DSGOneClassSVM) and back.offset_ == model.offset_ and back.nu == 0.2
+    np.testing.assert_array_equal(back.decision_function(X), model.decision_function(X))
+
+
+def test_one_class_matches_the_dense_solution_on_the_same_features(client):
+    """On its own features the objective is scikit-learn's linear one-class SVM on z(X):
+    the same minimiser, reported by libsvm multiplied by nu * n."""
+    X = _two_blobs(1000, 3)
+    Xt = _two_blobs(500, 4)
+    nu = 0.2
+    model = DSGOneClassSVM(nu=nu, bandwidth=0.7, n_features=256, n_epochs=10, batch_size=100,
+                           client=client).fit(X)
+    Z = model.features_.transform(X, model.n_blocks_).astype(np.float64)
+    Zt = model.features_.transform(Xt, model.n_blocks_).astype(np.float64)
+    dense = OneClassSVM(nu=nu, kernel="linear", tol=1e-8).fit(Z)
+    scale = nu * len(X)
+    ref = dense.score_samples(Zt) / scale
+    err = np.linalg.norm(model.score_samples(Xt) - ref) / np.linalg.norm(ref)
+    # averaged SGD, 100 steps: measured 0.041 (0.019 after 300 steps)
+    assert err < 0.1, err
+    assert model.offset_ == pytest.approx(dense.offset_[0] / scale, rel=0.15)  # measured 6%
+
+
+def _log_ratio_gaussians(x: np.ndarray) -> np.ndarray:
+    """log N(x; 0, 1) / N(x; 0, 1.5^2)."""
+    return np.log(1.5) - x**2 / 2 + x**2 / (2 * 1.5**2)
+
+
+def test_density_ratio_matches_the_dense_kl_solution_and_the_true_ratio(client, tmp_path):
+    rng = np.random.default_rng(0)
+    Xp = rng.standard_normal((1000, 1)).astype(np.float32)
+    Xq = (1.5 * rng.standard_normal((1200, 1))).astype(np.float32)
+    Xt = np.linspace(-2.5, 2.5, 101, dtype=np.float32)[:, None]
+    alpha = 1e-3
+    model = DSGDensityRatio(alpha=alpha, bandwidth=0.5, n_features=256, n_epochs=10,
+                            batch_size=200, client=client).fit(Xp, Xq)
+    Zp, Zq, Zt = (model.features_.transform(A, model.n_blocks_).astype(np.float64)
+                  for A in (Xp, Xq, Xt))
+
+    def risk(w):  # the same objective on the same features, solved exactly
+        e = np.exp(Zq @ w)
+        return (e.mean() - (Zp @ w).mean() + alpha / 2 * w @ w,
+                Zq.T @ e / len(e) - Zp.mean(axis=0) + alpha * w)
+
+    w = minimize(risk, np.zeros(Zp.shape[1]), jac=True, method="L-BFGS-B",
+                 options={"maxiter": 5000, "gtol": 1e-10}).x
+    dense = Zt @ w
+    ours = model.score_samples(Xt)
+    err = np.linalg.norm(ours - dense) / np.linalg.norm(dense)
+    # averaged SGD against the exact minimiser: measured 0.058 after 110 steps
+    assert err < 0.15, err
+    # and the estimate is the log ratio: the dense solution itself is off the truth by
+    # its regularisation and 1000-point samples (RMSE 0.19 on a range of 1.7)
+    rmse = np.sqrt(np.mean((ours - _log_ratio_gaussians(Xt[:, 0])) ** 2))
+    assert rmse < 0.3, rmse
+    np.testing.assert_allclose(model.predict_ratio(Xt), np.exp(ours), rtol=1e-6)
+    # model files
+    path = tmp_path / "ratio.npz"
+    model.save(str(path))
+    back = load_model(path)
+    assert isinstance(back, DSGDensityRatio) and back.n_denominator_ == 1200
+    np.testing.assert_array_equal(back.score_samples(Xt), ours)
+
+
+def test_density_ratio_rejects_samples_of_different_width():
+    with pytest.raises(ValueError, match="X_numerator has 2 columns but X_denominator has 3"):
+        DSGDensityRatio().fit(np.zeros((5, 2)), np.zeros((5, 3)))
+
+
+def test_one_class_rejects_nu_outside_0_1():
+    with pytest.raises(ValueError, match="nu must be in"):
+        DSGOneClassSVM(nu=1.5).fit(np.zeros((5, 2)))
+
+
+def test_one_class_resumes_from_its_checkpoint_to_the_same_model(client, tmp_path):
+    """The offset and the averages are part of the checkpointed state: a fit resumed
+    from the last checkpoint (a few steps before the end) replays to the same model."""
+    X = _two_blobs(600, 6)
+    kw = dict(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=2, batch_size=64,
+              checkpoint=str(tmp_path / "oc.ckpt.npz"), checkpoint_every=7, client=client)
+    full = DSGOneClassSVM(**kw).fit(X)
+    # 2 x 10 steps, the last checkpoint at step 14: the resumed fit replays 6 steps
+    assert [h["steps"] for h in full.history_] == [10, 10]
+    resumed = DSGOneClassSVM(resume=True, **kw).fit(X)
+    assert [h["steps"] for h in resumed.history_] == [6]
+    np.testing.assert_array_equal(resumed.coef_, full.coef_)
+    assert resumed.offset_ == full.offset_
+
+
+def test_density_ratio_from_out_of_core_samples_mixes_them_in_every_chunk(client):
+    """Dask (or store) samples arrive in one-sample chunks; the fit recombines them so
+    each chunk holds both.  Without that, groups of steps see one sample only and
+    the averaged iterate leans to the last one (measured: 0.6 too low at the mode)."""
+    rng = np.random.default_rng(0)
+    Xp = rng.standard_normal((1000, 1)).astype(np.float32)
+    Xq = (1.5 * rng.standard_normal((1200, 1))).astype(np.float32)
+    Xt = np.linspace(-2.5, 2.5, 11, dtype=np.float32)[:, None]
+    kw = dict(bandwidth=0.5, n_features=256, n_epochs=10, batch_size=200, client=client)
+    in_memory = DSGDensityRatio(**kw).fit(Xp, Xq).score_samples(Xt)
+    chunked = DSGDensityRatio(**kw).fit(da.from_array(Xp, chunks=(250, 1)),
+                                        da.from_array(Xq, chunks=(300, 1))).score_samples(Xt)
+    # two SGD runs over differently ordered rows: measured within 0.02 of each other
+    np.testing.assert_allclose(chunked, in_memory, atol=0.1)
+    bulk = np.abs(Xt[:, 0]) <= 1.5  # where both samples are dense (the tails: see above)
+    np.testing.assert_allclose(chunked[bulk], _log_ratio_gaussians(Xt[bulk, 0]), atol=0.3)
