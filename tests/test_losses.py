@@ -136,6 +136,6 @@ def test_cli_passes_epsilon_and_quantile_and_saves_them(client, tmp_path, capsys
     model = load_model(out)
     assert model.quantile == 0.8 and model._loss_spec() == {"name": "quantile", "quantile": 0.8}
     capsys.readouterr()
-    assert main(["fit", store, "--epsilon", "0.2", "--out", out, "--quiet"]) != 0
+    assert main(["fit", store, "--epsilon", "0.2", "--out", out + ".2.npz", "--quiet"]) != 0
     assert "--epsilon is a parameter of the regression losses" in capsys.readouterr().err
     assert "epsilon" not in DSGClassifier().get_params()
