@@ -58,14 +58,16 @@ class Eigensystem:
     row_norm_max: float | None = None
 
 
-def top_eigh(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` eigenpairs of a dense symmetric matrix (descending), LAPACK ``evr``."""
-    A = np.asarray(A, dtype=np.float64)
+def top_eigh(A: np.ndarray, k: int, dtype: str = "float64") -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` eigenpairs of a dense symmetric matrix (descending), LAPACK ``evr``;
+    ``dtype="float32"`` solves in single precision (about 5x faster on these
+    machines; eigenvalues to ~1e-7 of lambda_1), returned as float64."""
+    A = np.asarray(A, dtype=np.dtype(dtype))
     N = A.shape[0]
     k = min(int(k), N)
     w, V = scipy.linalg.eigh(A, subset_by_index=[N - k, N - 1], driver="evr",
                              check_finite=False)
-    return w[::-1].copy(), V[:, ::-1].copy()
+    return w[::-1].astype(np.float64), V[:, ::-1].astype(np.float64)
 
 
 # --- worker side ---------------------------------------------------------------
@@ -136,7 +138,7 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
             A -= np.outer(mu, mu)
             payload = {"block": block, "params": params, "mu": mu}
             norm = max(engine.map_reduce(data, _norm_partial, payload, label=label)["norm"])
-        w, V = top_eigh(A, k)
+        w, V = top_eigh(A, k, dtype)
         return Eigensystem(w, V, "dense", norm)
     else:
         total = engine.map_reduce(data, _rows_partial, {"block": block, "params": params}, label=label)

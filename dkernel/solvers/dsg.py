@@ -122,13 +122,15 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
 _scratch = threading.local()
 
 
-def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int, use_cache: bool = True) -> Any:
+def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int, use_cache: bool = True,
+              each: Any = None) -> Any:
     """Phi(X_c[rows]) for the whole pool as (n_blocks, rows, B), built once per
     step in a per-thread buffer that is reused across steps (fresh pages
     cost seconds per GB here, DESIGN 4): cached blocks are gathered into it,
     the others generated into it.  ``use_cache=False`` (a single epoch, where
     a chunk's blocks are never read again) neither reads nor fills the
-    worker cache: filling it would only page in memory for nothing."""
+    worker cache: filling it would only page in memory for nothing.  ``each(j,
+    Phi_j)`` is called as block j is ready (while it is still in cache)."""
     B = features.block_size
     m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
     xp = namespace(chunk.X)
@@ -152,6 +154,8 @@ def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int, use_cache: bool
             Phi[j][...] = full
         else:
             xp.take(full, chunk.rows, axis=0, out=Phi[j], mode="clip")  # rows are valid; clip avoids a buffer
+        if each is not None:
+            each(j, Phi[j])
     return Phi
 
 
@@ -159,11 +163,11 @@ def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: s
                   use_cache: bool) -> dict:
     B = features.block_size
     n_blocks = coef.shape[0] // B
-    Phi = pool_rows(features, chunk, n_blocks, use_cache)
+    # f accumulates block by block while each block is fresh in cache
+    f = namespace(chunk.X).zeros((len(Y), coef.shape[1]), dtype=np.dtype(features.dtype))
+    Phi = pool_rows(features, chunk, n_blocks, use_cache,
+                    each=lambda j, P: f.__iadd__(P @ coef[j * B : (j + 1) * B]))
     xp = namespace(Phi)
-    f = xp.zeros((Phi.shape[1], coef.shape[1]), dtype=Phi.dtype)
-    for j in range(n_blocks):
-        f += Phi[j] @ coef[j * B : (j + 1) * B]
     value, dl = get_loss(loss)(f, Y)
     grad = np.empty((coef.shape[0], coef.shape[1]), dtype=np.float64)
     for j in range(n_blocks):

@@ -67,8 +67,8 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
     """EigenPro-RF's preconditioner from a row subsample (Table 1, line 1).
 
     The top eigenpairs of z^T z / s over the ``s`` sampled rows (features
-    generated on the workers, products in float32: the eigenvalues agree
-    with a float64 solve to ~1e-6 relative, tests/test_eigenpro.py), so the
+    generated on the workers; products and the eigensolve in float32: the
+    eigenvalues agree with float64 to ~1e-7 of lambda_1, tests/test_scale.py), so the
     cost depends on s and D, never on n.  q (unless given) is the largest with
     critical batch <= ``max_batch``.  Returns (P, beta = max |z|^2 on the
     sample, the eigensystem).
