@@ -59,6 +59,8 @@ _STEP_SCALE = {"squared": 1.0, "huber": 1.0, "epsilon_insensitive": 1.0, "quanti
 #: Rows the preconditioner is computed on and the most eigenpairs it keeps:
 #: its cost depends on these and D, never on n.
 _PRECONDITIONER_ROWS = 4000
+#: Rows of the bandwidth ("auto") sample: the median of ~500k distances.
+_BANDWIDTH_ROWS = 1000
 _PRECONDITIONER_PAIRS = 513
 
 _DOC_PARAMS = """
@@ -203,7 +205,13 @@ class _DSGBase(BaseEstimator):
         # -------------------------------------------------------------------------
         data = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
-            sample = sample_rows(data, self.random_state_, client)
+            # one read serves the bandwidth and the preconditioner (a store's
+            # sample touches up to 64 chunks; reading them twice cost ~1 s a fit)
+            shared = self.preconditioner == "eigenpro" and not self.early_stopping
+            rows = sample_rows(data, self.random_state_, client,
+                               size=_PRECONDITIONER_ROWS if shared else _BANDWIDTH_ROWS)
+            sample = rows[np.random.default_rng([self.random_state_, 0xBA4E]).choice(
+                len(rows), min(len(rows), _BANDWIDTH_ROWS), replace=False)] if shared else rows
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             encoding = self._encoding(data, client)
             if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
@@ -218,7 +226,8 @@ class _DSGBase(BaseEstimator):
             self.lanes_ = engine.resolve_lanes(data)
             engine.options.lanes = self.lanes_
             if self.preconditioner == "eigenpro":
-                program = self._preconditioned_program(engine, data, features, n_blocks, encoding)
+                program = self._preconditioned_program(engine, data, features, n_blocks, encoding,
+                                                       rows if shared else None)
             else:
                 self.batch_size_ = 512 if self.batch_size == "auto" else int(self.batch_size)
                 self.q_ = 0
@@ -241,7 +250,8 @@ class _DSGBase(BaseEstimator):
         return self
 
     def _preconditioned_program(self, engine: Engine, data: Any, features: FeatureMap,
-                                n_blocks: int, encoding: TargetEncoding) -> DSGProgram:
+                                n_blocks: int, encoding: TargetEncoding,
+                                sample: np.ndarray | None) -> DSGProgram:
         """Whole-pool steps through EigenPro's preconditioner (solvers/dsg.py)."""
         D = n_blocks * features.block_size
         if self.batch_size == "auto":
@@ -249,7 +259,8 @@ class _DSGBase(BaseEstimator):
         else:
             self.batch_size_ = int(self.batch_size)
         t0 = time.perf_counter()
-        sample = sample_rows(data, self.random_state_, engine.client, size=_PRECONDITIONER_ROWS)
+        if sample is None:
+            sample = sample_rows(data, self.random_state_, engine.client, size=_PRECONDITIONER_ROWS)
         pre, beta, _ = feature_preconditioner(
             engine, sample, features, n_blocks, _PRECONDITIONER_PAIRS, self.batch_size_, 1.0,
             self.random_state_, label="dsg preconditioner")

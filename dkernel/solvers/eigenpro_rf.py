@@ -127,13 +127,15 @@ def default_batch(lanes: int, n_features: int, n_rows: int) -> int:
     float32 features fill ``_STEP_BUFFER_BYTES`` (clipped to [1024, 16384]):
     a step's compute then dwarfs its fixed cost (DESIGN 5) and the buffer
     is reused, not paged in, every step."""
-    per_lane = min(16384, max(1024, _STEP_BUFFER_BYTES // (4 * int(n_features))))
+    per_lane = min(32768, max(1024, _STEP_BUFFER_BYTES // (4 * int(n_features))))
     return max(1, min(int(n_rows), int(lanes) * per_lane))
 
 
-#: One lane's step buffer: 128 MB of float32 features, ~65 ms of compute at
-#: D = 2048, d = 32 on one core against a fixed cost of 25-60 ms a step.
-_STEP_BUFFER_BYTES = 128 << 20
+#: One lane's step buffer: 256 MB of float32 features, ~160 ms of compute at
+#: D = 2048, d = 32 on one core, against a fixed cost of 14 ms a step plus
+#: ~90 ms of chunk loading and client/scheduler work on a 2-core machine
+#: (benchmarks/throughput.py; 128 MB reached 45% of the ceiling in steps).
+_STEP_BUFFER_BYTES = 256 << 20
 
 
 @dataclass
