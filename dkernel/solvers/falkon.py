@@ -31,8 +31,9 @@ floats of memory, which bounds p (2 * 10^4 centers: ~5e12 flops, 3.2 GB).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -70,9 +71,9 @@ class FalkonPreconditioner:
         try:
             T = scipy.linalg.cholesky(K, lower=False, overwrite_a=True, check_finite=False)
         except np.linalg.LinAlgError as err:
-            raise ValueError(f"K(C, C) of the {p} centers is not positive definite even with jitter "
-                             f"{eps * p:.3g} (duplicate centers, or a kernel that is not positive "
-                             "definite?); use fewer n_centers or another kernel") from err
+            raise ValueError(f"K(C, C) of the {p} centers is not positive definite even with "
+                             f"jitter {eps * p:.3g} (duplicate centers, or a kernel that is not "
+                             "positive definite?); use fewer n_centers or another kernel") from err
         # T T^T with the triangular BLAS (half the flops of a general product)
         TT = blas.dtrmm(1.0, T, np.asfortranarray(T.T), side=0, lower=0, trans_a=0, overwrite_b=1)
         TT /= p
@@ -166,8 +167,9 @@ def falkon_solve(pass_fn: Callable[[np.ndarray, bool], dict], pre: FalkonPrecond
 
     ``pass_fn(v, targets)`` returns the summed partials of :func:`falkon_partial`
     for coefficients v (one pass over every row).  The training MSE of every
-    iterate is tracked without extra passes:  |K a - y|^2 = a^T (K^T K a) - 2 a^T K^T y + |y|^2, with K^T K a summed from the
-    products CG already computed.  ``on_iter(a, k)`` returning True stops early.
+    iterate is tracked without extra passes:
+    |K a - y|^2 = a^T (K^T K a) - 2 a^T K^T y + |y|^2, with K^T K a summed from
+    the products CG already computed.  ``on_iter(a, k)`` returning True stops early.
     """
     first = pass_fn(np.zeros((pre.T.shape[0], n_outputs)), True)
     KTy = -first["w"]  # K_nM^T y (the pass ran with v = 0)
