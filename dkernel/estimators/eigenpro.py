@@ -508,19 +508,34 @@ def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
 class EigenProRegressor(_EigenProBase):
     """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
 
-    Kernel form (default): f(x) = sum_j a_j k(x, c_j) over the training rows
-    (all of them, or ``n_centers`` rows sampled from the data), trained by the
-    preconditioned SGD of Table 2.  Random-feature form (``n_features=D``):
-    EigenPro-RF, Table 1, a bounded model for data of any size.  The
-    preconditioner is computed once on the workers; q, the batch size and the
-    step size are chosen from its eigenvalues unless given.
+    Kernel form (default): f(x) = sum_j a_j k(x, c_j), fitted on every training
+    row.  When every row is a center (``n_centers`` None and n <= 100 000, or
+    ``n_centers >= n``) the fit is the preconditioned SGD of Table 2.  With
+    fewer centers than rows, the p centers are sampled from the rows and all n
+    rows enter the Nystrom objective
+
+        min_a (1/n) |K_nM a - y|^2 + alpha a^T K_MM a,
+
+    solved by FALKON (Rudi, Carratino & Rosasco 2017, Alg. 1): conjugate
+    gradient preconditioned by two Cholesky factors of K(C, C), one pass over
+    every row per iteration (:mod:`dkernel.solvers.falkon`).  Random-feature
+    form (``n_features=D``): EigenPro-RF, Table 1, a bounded model for data of
+    any size.  The preconditioners are computed once; q, the batch size and
+    the step size are chosen from the eigenvalues unless given.
 
     Parameters
     ----------
     kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
     bandwidth : float or "auto", default="auto"
     n_centers : int, optional
-        p centers sampled from the data (kernel form); None: all rows (up to 100 000).
+        p kernel centers.  None: every row when n <= 100 000, else 20 000
+        sampled rows (the all-rows solve factorises a p x p matrix on the
+        client, O(p^3)).  Fewer centers than rows never drops rows: every row
+        is fitted through the Nystrom objective.
+    alpha : float, optional
+        Ridge penalty lambda of the all-rows Nystrom solve (fewer centers than
+        rows); None: 1e-6.  Not used when every row is a center (that fit
+        interpolates; ``n_epochs`` regularises it) -- giving it there is an error.
     n_features : int, optional
         D random features: selects the random-feature form.
     q : int, optional
@@ -536,6 +551,8 @@ class EigenProRegressor(_EigenProBase):
     max_batch : int, optional
         Cap on the automatic batch size (default s for the kernel form, 2000 for features).
     n_epochs : int, default=10
+        Passes over the data: SGD epochs, or conjugate-gradient iterations of
+        the all-rows solve.
     block_size : int, default=1024
         Features per seeded block (random-feature form).
     kernel_cache : {"auto", "float32", "bfloat16", "off"}, default="auto"
@@ -553,9 +570,19 @@ class EigenProRegressor(_EigenProBase):
     ----------
     coef_ : ndarray (p, c) or (D, c)
     centers_ : ndarray (p, d), kernel form
-    eigenvalues_ : ndarray (q + 1,)
-        Top eigenvalues of K(S, S) / s (or of the feature covariance).
-    q_, batch_size_, step_size_, critical_batch_ : chosen settings
+    solver_ : {"eigenpro", "falkon"}, kernel form
+        Every row a center (Table 2 SGD), or fewer centers than rows (CG).
+    n_centers_, n_rows_used_ : int, kernel form
+        Centers p and training rows that entered the fit (always all n).
+    alpha_ : float or None
+        The ridge penalty of the all-rows solve (None when every row is a center).
+    eigenvalues_ : ndarray (q + 1,) or None
+        Top eigenvalues of K(S, S) / s (or of the feature covariance); None
+        for the all-rows solve, which has no eigensystem.
+    q_, batch_size_, step_size_, critical_batch_ : chosen SGD settings (None for the all-rows solve)
+    history_ : list of dict, all-rows solve
+        Per CG iteration: relative residual, training loss (mean squared
+        error summed over outputs) and seconds.
     """
 
     _task = "regression"

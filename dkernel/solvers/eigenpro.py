@@ -1,9 +1,11 @@
 r"""EigenPro, kernel form (Ma & Belkin 2017, Table 2; DESIGN 2.4).
 
-Model  f(x) = \sum_j a_j k(x, c_j)  over centers c_j that are the training
-rows (all of them, or p rows sampled from the data).  Preconditioner from a
-subsample S (s rows of the centers): top q+1 eigenpairs (lambda_i, v_i) of
-K(S, S) / s and
+Model  f(x) = \sum_j a_j k(x, c_j)  over centers c_j that are all the training
+rows (fewer centers than rows: :mod:`dkernel.solvers.falkon`, where every row
+still enters the fit).  Preconditioner from a subsample S (s rows of the
+centers): top q+1 eigenpairs (lambda_i, v_i) of K(S, S) / s
+(:func:`subsample_preconditioner`; q among the pairs whose eigenvalues are
+accurate, :func:`trusted_pairs`) and
 
     D = E diag(d) E^T,   E = V / sqrt(s),   d_i = (1 - (lambda_{q+1} / lambda_i)^alpha) / lambda_i
 
