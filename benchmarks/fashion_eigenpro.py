@@ -60,6 +60,7 @@ def draw(points: list[dict], front: set[str], path: str, title: str) -> None:
     ax.step([p["seconds"] for p in f], [p["accuracy"] for p in f], where="post", color="grey",
             linestyle="--", zorder=2, label="frontier")
     ax.set_xscale("log")
+    ax.margins(x=0.25, y=0.15)  # room for the labels
     ax.set_xlabel("wall time, fit + predict 10k (s, log scale)")
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=9)
@@ -74,7 +75,7 @@ def main() -> None:
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--bandwidth", type=float, default=5.0)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--centers", type=int, nargs="*", default=[10000],
+    p.add_argument("--centers", type=int, nargs="*", default=[5000, 10000],
                    help="EigenPro n_centers values below the 60k rows to compare (all-rows solve)")
     p.add_argument("--nystroem", type=int, nargs="*", default=[5000, 10000],
                    help="scikit-learn Nystroem n_components values")

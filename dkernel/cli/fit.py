@@ -46,6 +46,7 @@ def _build_eigenpro(args: argparse.Namespace) -> Any:
     cls = EigenProClassifier if args.task == "classification" else EigenProRegressor
     kw: dict[str, Any] = dict(kernel=args.kernel, bandwidth=args.bandwidth, random_state=args.seed)
     for flag, param in (("centers", "n_centers"), ("features", "n_features"), ("epochs", "n_epochs"),
+                        ("alpha", "alpha"),  # ridge of the all-rows solve (--centers below n)
                         ("batch_size", "batch_size"), ("step_size", "step_size"),
                         ("block_size", "block_size"), ("lanes", "lanes")):
         value = getattr(args, flag, None)

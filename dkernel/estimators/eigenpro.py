@@ -64,8 +64,8 @@ class _EigenProBase(BaseEstimator):
     _task = ""
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
-                 n_centers: int | None = None, n_features: int | None = None, alpha: float | None = None,
-                 q: int | None = None,
+                 n_centers: int | None = None, n_features: int | None = None,
+                 alpha: float | None = None, q: int | None = None,
                  subsample_size: int | None = None, damping: float | None = None,
                  batch_size: int | None = None, step_size: float | None = None,
                  max_batch: int | None = None, n_epochs: int = 10, block_size: int = 1024,
@@ -118,8 +118,8 @@ class _EigenProBase(BaseEstimator):
         if self.alpha is not None:
             check_positive("alpha", self.alpha)
             if self.n_features is not None:
-                raise ValueError("alpha (the ridge penalty of the all-rows kernel solve) does not apply "
-                                 "to the random-feature form (n_features); leave alpha=None")
+                raise ValueError("alpha (the ridge penalty of the all-rows kernel solve) does not "
+                                 "apply to the random-feature form (n_features); leave alpha=None")
         if self.damping is not None and not (0 < self.damping <= 1):
             raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         if self.kernel_cache not in ("auto",) + CACHE_MODES:
@@ -174,10 +174,10 @@ class _EigenProBase(BaseEstimator):
             return
         if self.alpha is not None:
             raise ValueError(
-                f"alpha={self.alpha!r} is the ridge penalty of the all-rows Nystrom solve, used when "
-                f"n_centers is below the {n} training rows; with every row a center (n_centers="
-                f"{self.n_centers!r}) the fit interpolates and n_epochs regularises it: leave alpha=None "
-                "or set n_centers < n")
+                f"alpha={self.alpha!r} is the ridge penalty of the all-rows Nystrom solve, used "
+                f"when n_centers is below the {n} training rows; with every row a center "
+                f"(n_centers={self.n_centers!r}) the fit interpolates and n_epochs regularises it: "
+                "leave alpha=None or set n_centers < n")
         centers = _rows_as_float32(data, client)
         s = min(p, self.subsample_size or (2000 if n < 100_000 else 12_000))
         sub_idx = np.sort(rng.choice(p, size=s, replace=False))
@@ -185,9 +185,10 @@ class _EigenProBase(BaseEstimator):
         beta = kernel_diagonal_max(self.kernel)
         max_batch = int(self.max_batch or min(s, p))
         n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
-        pre, eig = subsample_preconditioner(engine, centers[sub_idx], self.kernel, bandwidth, q=self.q,
-                                            damping=damping, beta=beta, max_batch=max_batch,
-                                            n_chunks=2 * n_workers, random_state=int(self.random_state))
+        pre, eig = subsample_preconditioner(engine, centers[sub_idx], self.kernel, bandwidth,
+                                            q=self.q, damping=damping, beta=beta,
+                                            max_batch=max_batch, n_chunks=2 * n_workers,
+                                            random_state=int(self.random_state))
         q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
@@ -215,32 +216,36 @@ class _EigenProBase(BaseEstimator):
                          pre.new_top, eig.method, mode, s)
 
     def _fit_nystrom(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
-                     bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator, p: int) -> None:
+                     bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator,
+                     p: int) -> None:
         """p uniformly sampled centers, every row in the objective, FALKON's
         preconditioned CG (:mod:`dkernel.solvers.falkon`); one epoch = one CG
         iteration = one pass over every row."""
         n = data.n_rows
         given = [name for name in _SGD_ONLY if getattr(self, name) is not None]
         if given:
-            warnings.warn(f"{', '.join(given)} set the SGD iteration used when every row is a center; "
-                          f"with n_centers={p} < {n} rows the fit is a conjugate-gradient solve over all "
-                          "rows and ignores them", UserWarning, stacklevel=3)
+            warnings.warn(f"{', '.join(given)} set the SGD iteration used when every row is a "
+                          f"center; with n_centers={p} < {n} rows the fit is a conjugate-gradient "
+                          "solve over all rows and ignores them", UserWarning, stacklevel=4)
         if self.checkpoint is not None and (self.checkpoint_every or self.resume):
-            raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); the "
-                             f"all-rows solve (n_centers={p} < {n} rows) runs n_epochs={self.n_epochs} "
-                             "passes without them: drop checkpoint_every/resume or set n_centers >= n")
+            raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); "
+                             f"the all-rows solve (n_centers={p} < {n} rows) runs "
+                             f"n_epochs={self.n_epochs} passes without them: drop "
+                             "checkpoint_every/resume or set n_centers >= n")
         lam = _DEFAULT_RIDGE if self.alpha is None else float(self.alpha)
-        centers = _rows_as_float32(_subset(data, np.sort(rng.choice(n, size=p, replace=False))), client)
+        idx = np.sort(rng.choice(n, size=p, replace=False))
+        centers = _rows_as_float32(_subset(data, idx), client)
         t0 = time.perf_counter()
         K_MM = center_kernel(centers, self.kernel, bandwidth)
         pre = FalkonPreconditioner.from_kernel(K_MM, lam)
         del K_MM
         t_pre = time.perf_counter() - t0
         mode = self._cache_mode(client, data, p)
-        constants = {"centers": centers, "centers_sq": (centers * centers).sum(axis=1).astype(np.float32),
+        constants = {"centers": centers,
+                     "centers_sq": (centers * centers).sum(axis=1).astype(np.float32),
                      "kernel": self.kernel, "bandwidth": float(bandwidth), "encoding": encoding,
                      "cache": mode,
-                     "centers_token": dask.base.tokenize(data.X.name, self.kernel, bandwidth, centers)}
+                     "centers_token": dask.base.tokenize(data.X.name, self.kernel, bandwidth, idx)}
 
         def one_pass(v: np.ndarray, targets: bool) -> dict:
             return engine.map_reduce(data, falkon_partial, {**constants, "v": v.astype(np.float32),
@@ -288,9 +293,11 @@ class _EigenProBase(BaseEstimator):
             setattr(self, name, None)
         if self.verbose:
             last = result.history[-1] if result.history else {}
-            print(f"eigenpro (all rows): n={n} centers={p} alpha={lam:.3g} preconditioner {t_pre:.1f}s "
-                  f"passes={result.n_passes} cache={mode} cg residual={last.get('residual', float('nan')):.3g} "
-                  f"train mse={last.get('loss', float('nan')):.4g}", flush=True)
+            nan = float("nan")
+            print(f"eigenpro (all rows): n={n} centers={p} alpha={lam:.3g} preconditioner "
+                  f"{t_pre:.1f}s passes={result.n_passes} cache={mode} cg residual="
+                  f"{last.get('residual', nan):.3g} train mse={last.get('loss', nan):.4g}",
+                  flush=True)
 
     def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
                       encoding: TargetEncoding) -> None:
@@ -432,8 +439,8 @@ class _EigenProBase(BaseEstimator):
                 "subsample_size": self.subsample_size_}
         if self.form_ == "kernel":
             arrays["centers"] = self.centers_
-            meta.update(solver=self.solver_, n_centers=self.n_centers_, n_rows_used=self.n_rows_used_,
-                        alpha=self.alpha_)
+            meta.update(solver=self.solver_, n_centers=self.n_centers_,
+                        n_rows_used=self.n_rows_used_, alpha=self.alpha_)
         else:
             meta["features"] = self.features_.to_dict()
         return arrays, meta
@@ -579,7 +586,8 @@ class EigenProRegressor(_EigenProBase):
     eigenvalues_ : ndarray (q + 1,) or None
         Top eigenvalues of K(S, S) / s (or of the feature covariance); None
         for the all-rows solve, which has no eigensystem.
-    q_, batch_size_, step_size_, critical_batch_ : chosen SGD settings (None for the all-rows solve)
+    q_, batch_size_, step_size_, critical_batch_ : chosen SGD settings
+        None for the all-rows solve.
     history_ : list of dict, all-rows solve
         Per CG iteration: relative residual, training loss (mean squared
         error summed over outputs) and seconds.

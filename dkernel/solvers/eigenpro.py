@@ -126,8 +126,9 @@ def subsample_preconditioner(engine: Any, S: np.ndarray, kernel: str, bandwidth:
         n_pairs = AUTO_PAIRS if q is None else 3 * (int(q) + 1)
     n_pairs = min(s, int(n_pairs))
     data = open_dataset(S, np.arange(s), chunk_rows=math.ceil(s / max(1, int(n_chunks))))
-    eig = eigensystem(engine, data, kernel_block, {"Z": S, "kernel": kernel, "bandwidth": bandwidth},
-                      n_pairs, s, operator="rows", method=method, random_state=int(random_state),
+    params = {"Z": S, "kernel": kernel, "bandwidth": bandwidth}
+    eig = eigensystem(engine, data, kernel_block, params, n_pairs, s, operator="rows",
+                      method=method, random_state=int(random_state),
                       label="eigenpro preconditioner")
     trusted = min(trusted_pairs(eig), n_pairs)
     if q is None:
