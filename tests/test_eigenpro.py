@@ -303,3 +303,19 @@ def test_settings_that_do_not_apply_to_the_chosen_route_are_refused(client, tmp_
 def test_conflicting_forms_are_rejected():
     with pytest.raises(ValueError, match="not both"):
         EigenProRegressor(n_centers=10, n_features=64).fit(np.zeros((5, 2)), np.zeros(5))
+
+
+def test_cli_fits_every_row_with_fewer_centers_and_alpha(client, tmp_path):
+    from dkernel.cli import main
+    from dkernel.data import write_store
+
+    X = _points(900, 2, seed=15)
+    y = np.sin(3 * X[:, 0])
+    store = write_store(tmp_path / "r.zarr", X, y, chunk_rows=300)
+    out = str(tmp_path / "m.npz")
+    assert main(["fit", store, "--solver", "eigenpro", "--task", "regression", "--bandwidth", "0.5",
+                 "--centers", "100", "--alpha", "1e-4", "--epochs", "8", "--out", out,
+                 "--quiet"]) == 0
+    m = load_model(out)
+    assert (m.solver_, m.n_centers_, m.n_rows_used_, m.alpha_) == ("falkon", 100, 900, 1e-4)
+    assert m.score(X, y) > 0.99
