@@ -123,6 +123,7 @@ def _build_eigenpro(args: argparse.Namespace) -> Any:
                 ("centers", "n_centers"),
                 ("features", "n_features"),
                 ("epochs", "n_epochs"),
+                ("alpha", "alpha"),  # ridge of the all-rows solve (--centers below n)
                 ("batch_size", "batch_size"),
                 ("step_size", "step_size"),
                 ("block_size", "block_size"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,24 +44,25 @@ from dkernel.estimators.history import (
 from dkernel.estimators.history import subset_rows as _subset
 from dkernel.features import FeatureMap
 from dkernel.kernels import kernel_diagonal_max
-from dkernel.linalg import eigensystem
 from dkernel.solvers.eigenpro import (
     CACHE_MODES,
     KernelEigenProProgram,
-    KernelPreconditioner,
-    choose_q,
     critical_batch,
-    kernel_block,
     predict_kernel,
     step_size,
+    subsample_preconditioner,
 )
 from dkernel.solvers.eigenpro_rf import (
     FeatureEigenProProgram,
     default_batch,
     feature_preconditioner,
 )
+from dkernel.solvers.falkon import FalkonPreconditioner, center_kernel, falkon_partial, falkon_solve
 from dkernel.solvers.targets import TargetEncoding
 
+#: n_centers=None: up to this many rows, every row is a center (interpolating
+#: kernel form, Table 2); above it the model has _AUTO_NYSTROM_CENTERS centers
+#: and every row enters the Nystrom objective (FALKON).
 _MAX_AUTO_CENTERS = 100_000
 #: Rows of the random-feature preconditioner's subsample (Ma & Belkin use
 #: M = 4800 for the kernel form; 8000 keeps lambda_{q+1} for q ~ 1000 stable).
@@ -68,13 +70,23 @@ _RF_SUBSAMPLE = 8000
 #: Most eigenpairs of the random-feature preconditioner: the client's dense
 #: eigensolve costs O(D^2 q) (2 s for q = 512 of D = 2048 in float32 here).
 _RF_PAIRS = 513
+#: The all-rows solve factorises K(C, C) on the coordinator: O(p^3) flops and
+#: p^2 float64.  20 000 centers cost ~5e12 flops and 3.2 GB once (minutes on
+#: the 2-core development VMs, seconds on a server), about the sqrt(n) log n
+#: that Rudi et al. (Thm. 3) need for the optimal rate at n ~ 10^7.
+_AUTO_NYSTROM_CENTERS = 20_000
+#: alpha=None in the all-rows solve: lambda of (1/n)|K_nM a - y|^2 + lambda a^T K_MM a.
+_DEFAULT_RIDGE = 1e-6
+#: Settings of the SGD iteration (Table 2) that the all-rows CG solve has no use for.
+_SGD_ONLY = ("q", "subsample_size", "damping", "batch_size", "step_size", "max_batch")
 
 
 class _EigenProBase(BaseEstimator):
     _task = ""
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
-                 n_centers: int | None = None, n_features: int | None = None, q: int | None = None,
+                 n_centers: int | None = None, n_features: int | None = None,
+                 alpha: float | None = None, q: int | None = None,
                  subsample_size: int | None = None, damping: float | None = None,
                  batch_size: int | None = None, step_size: float | None = None,
                  max_batch: int | None = None, n_epochs: int = 10, block_size: int = 1024,
@@ -88,6 +100,7 @@ class _EigenProBase(BaseEstimator):
         self.bandwidth = bandwidth
         self.n_centers = n_centers
         self.n_features = n_features
+        self.alpha = alpha
         self.q = q
         self.subsample_size = subsample_size
         self.damping = damping
@@ -125,6 +138,11 @@ class _EigenProBase(BaseEstimator):
                 check_positive(name, getattr(self, name), integer=True)
         if self.step_size is not None:
             check_positive("step_size", self.step_size)
+        if self.alpha is not None:
+            check_positive("alpha", self.alpha)
+            if self.n_features is not None:
+                raise ValueError("alpha (the ridge penalty of the all-rows kernel solve) does not "
+                                 "apply to the random-feature form (n_features); leave alpha=None")
         if self.damping is not None and not (0 < self.damping <= 1):
             raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         if self.kernel_cache not in ("auto",) + CACHE_MODES:
@@ -169,27 +187,34 @@ class _EigenProBase(BaseEstimator):
 
     def _fit_kernel(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
                     bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator) -> None:
+        """Every row a center (Table 2) when p >= n, else every row in the Nystrom
+        objective over p sampled centers (FALKON); either way all n rows are used."""
         n = data.n_rows
-        p = self.n_centers if self.n_centers is not None else min(n, _MAX_AUTO_CENTERS)
-        if p < n:  # the centers are p training rows, and the fit uses those rows (Table 2)
-            data = _subset(data, np.sort(rng.choice(n, size=p, replace=False)))
-        p = data.n_rows
+        if self.n_centers is not None:
+            p = min(int(self.n_centers), n)
+        else:
+            p = n if n <= _MAX_AUTO_CENTERS else _AUTO_NYSTROM_CENTERS
+        if p < n:
+            self._fit_nystrom(engine, client, data, val, bandwidth, encoding, rng, p)
+            return
+        if self.alpha is not None:
+            raise ValueError(
+                f"alpha={self.alpha!r} is the ridge penalty of the all-rows Nystrom solve, used "
+                f"when n_centers is below the {n} training rows; with every row a center "
+                f"(n_centers={self.n_centers!r}) the fit interpolates and n_epochs regularises it: "
+                "leave alpha=None or set n_centers < n")
         centers = _rows_as_float32(data, client)
         s = min(p, self.subsample_size or (2000 if n < 100_000 else 12_000))
         sub_idx = np.sort(rng.choice(p, size=s, replace=False))
-        alpha = 0.95 if self.damping is None else float(self.damping)
+        damping = 0.95 if self.damping is None else float(self.damping)
         beta = kernel_diagonal_max(self.kernel)
-        n_pairs = min(s, (self.q + 1) if self.q is not None else 1001)
-        n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
-        # K(S, S) / s as row chunks of S spread over the workers (y = row index in S)
-        S = open_dataset(centers[sub_idx], np.arange(s), chunk_rows=math.ceil(s / (2 * n_workers)))
-        eig = eigensystem(engine, S, kernel_block,
-                          {"Z": centers[sub_idx], "kernel": self.kernel, "bandwidth": bandwidth},
-                          n_pairs, s, operator="rows", random_state=self.random_state_,
-                          label="eigenpro preconditioner")
         max_batch = int(self.max_batch or min(s, p))
-        q = min(self.q, n_pairs - 1) if self.q is not None else choose_q(eig.values, alpha, beta, max_batch)
-        pre = KernelPreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, alpha)
+        n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        pre, eig = subsample_preconditioner(engine, centers[sub_idx], self.kernel, bandwidth,
+                                            q=self.q, damping=damping, beta=beta,
+                                            max_batch=max_batch, n_chunks=2 * n_workers,
+                                            random_state=int(self.random_state))
+        q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
         mode = self._cache_mode(client, data, p)
@@ -207,10 +232,99 @@ class _EigenProBase(BaseEstimator):
                                         encoding.classes, encoding.offset)
         state = self._run(engine, data, program, batch, evaluate, "coef")
         self.form_ = "kernel"
+        self.solver_ = "eigenpro"
         self.centers_ = centers
         self.coef_ = state["coef"]
+        self.n_centers_ = p
+        self.n_rows_used_ = n
+        self.alpha_ = None
         self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
                          pre.new_top, eig.method, mode, s)
+
+    def _fit_nystrom(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
+                     bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator,
+                     p: int) -> None:
+        """p uniformly sampled centers, every row in the objective, FALKON's
+        preconditioned CG (:mod:`dkernel.solvers.falkon`); one epoch = one CG
+        iteration = one pass over every row."""
+        n = data.n_rows
+        given = [name for name in _SGD_ONLY if getattr(self, name) is not None]
+        if given:
+            warnings.warn(f"{', '.join(given)} set the SGD iteration used when every row is a "
+                          f"center; with n_centers={p} < {n} rows the fit is a conjugate-gradient "
+                          "solve over all rows and ignores them", UserWarning, stacklevel=4)
+        if self.checkpoint is not None and (self.checkpoint_every or self.resume):
+            raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); "
+                             f"the all-rows solve (n_centers={p} < {n} rows) runs "
+                             f"n_epochs={self.n_epochs} passes without them: drop "
+                             "checkpoint_every/resume or set n_centers >= n")
+        lam = _DEFAULT_RIDGE if self.alpha is None else float(self.alpha)
+        idx = np.sort(rng.choice(n, size=p, replace=False))
+        centers = _rows_as_float32(_subset(data, idx), client)
+        t0 = time.perf_counter()
+        K_MM = center_kernel(centers, self.kernel, bandwidth)
+        pre = FalkonPreconditioner.from_kernel(K_MM, lam)
+        del K_MM
+        t_pre = time.perf_counter() - t0
+        mode = self._cache_mode(client, data, p)
+        constants = {"centers": centers,
+                     "centers_sq": (centers * centers).sum(axis=1).astype(np.float32),
+                     "kernel": self.kernel, "bandwidth": float(bandwidth), "encoding": encoding,
+                     "cache": mode,
+                     "centers_token": dask.base.tokenize(data.X.name, self.kernel, bandwidth, idx)}
+
+        def one_pass(v: np.ndarray, targets: bool) -> dict:
+            return engine.map_reduce(data, falkon_partial, {**constants, "v": v.astype(np.float32),
+                                                            "targets": targets},
+                                     label="eigenpro all-rows pass", wants_chunk=True)
+
+        self.validation_scores_ = []
+        best: dict[str, Any] = {}
+        t_iter = [time.perf_counter()]
+        seconds: list[float] = []
+
+        def on_iter(a: np.ndarray, k: int) -> bool:
+            now = time.perf_counter()
+            seconds.append(now - t_iter[0])
+            t_iter[0] = now
+            if val is None:
+                return False
+            spec = {"kind": "kernel", "centers": centers, "kernel": self.kernel,
+                    "bandwidth": bandwidth, "coef": a}
+            score = validation_score(engine, val, self._task, _predict_block, spec,
+                                     encoding.classes, encoding.offset)
+            self.validation_scores_.append(score)
+            if not best or score > best["score"]:
+                best.update(score=score, coef=a.copy(), epoch=k)
+            return k - best["epoch"] >= int(self.n_iter_no_change)
+
+        result = falkon_solve(one_pass, pre, n, encoding.n_outputs, int(self.n_epochs), on_iter)
+        self.form_ = "kernel"
+        self.solver_ = "falkon"
+        self.centers_ = centers
+        self.coef_ = best["coef"] if best else result.coef
+        if best:
+            self.best_epoch_ = best["epoch"] + 1
+        self.n_centers_ = p
+        self.n_rows_used_ = n
+        self.alpha_ = lam
+        self.history_ = [{**h, "seconds": s} for h, s in zip(result.history, seconds)]
+        self.preconditioner_seconds_ = t_pre
+        self.bandwidth_ = float(bandwidth)
+        self.encoding_ = encoding
+        self.n_features_in_ = int(data.n_inputs)
+        self.kernel_cache_ = mode
+        self.n_passes_ = result.n_passes
+        for name in ("eigenvalues_", "q_", "batch_size_", "critical_batch_", "beta_", "step_size_",
+                     "eigensolver_", "subsample_size_"):
+            setattr(self, name, None)
+        if self.verbose:
+            last = result.history[-1] if result.history else {}
+            nan = float("nan")
+            print(f"eigenpro (all rows): n={n} centers={p} alpha={lam:.3g} preconditioner "
+                  f"{t_pre:.1f}s passes={result.n_passes} cache={mode} cg residual="
+                  f"{last.get('residual', nan):.3g} train mse={last.get('loss', nan):.4g}",
+                  flush=True)
 
     def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
                       encoding: TargetEncoding) -> None:
@@ -342,10 +456,12 @@ class _EigenProBase(BaseEstimator):
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("coef_")
         e = self.encoding_
-        arrays = {"coef": self.coef_, "eigenvalues": self.eigenvalues_, "classes": np.asarray(e.classes),
+        arrays = {"coef": self.coef_, "classes": np.asarray(e.classes),
                   "offset": np.asarray(e.offset, dtype=np.float64)}
         if hasattr(self, "classes_"):
             arrays["labels"] = labels_for_file(self.classes_)
+        if self.eigenvalues_ is not None:  # None: the all-rows CG solve has no eigensystem
+            arrays["eigenvalues"] = self.eigenvalues_
         meta = {"form": self.form_, "encoding": e.kind, "bandwidth": self.bandwidth_,
                 "n_features_in": self.n_features_in_, "q": self.q_, "batch_size": self.batch_size_,
                 "critical_batch": self.critical_batch_, "step_size": self.step_size_, "beta": self.beta_,
@@ -355,6 +471,8 @@ class _EigenProBase(BaseEstimator):
                 "step_backoffs": getattr(self, "step_backoffs_", []), **history_meta(self)}
         if self.form_ == "kernel":
             arrays["centers"] = self.centers_
+            meta.update(solver=self.solver_, n_centers=self.n_centers_,
+                        n_rows_used=self.n_rows_used_, alpha=self.alpha_)
         else:
             meta["features"] = self.features_.to_dict()
         return arrays, meta
@@ -366,12 +484,17 @@ class _EigenProBase(BaseEstimator):
         self.coef_ = arrays["coef"]
         if self.form_ == "kernel":
             self.centers_ = arrays["centers"]
+            # model files written before the all-rows solve: the SGD form on every center
+            self.solver_ = meta.get("solver", "eigenpro")
+            self.n_centers_ = meta.get("n_centers", int(self.centers_.shape[0]))
+            self.n_rows_used_ = meta.get("n_rows_used", self.n_centers_)
+            self.alpha_ = meta.get("alpha")
         else:
             self.features_ = FeatureMap(**meta["features"])
         self.encoding_ = enc
         self.bandwidth_ = meta["bandwidth"]
         self.n_features_in_ = meta["n_features_in"]
-        self.eigenvalues_ = arrays["eigenvalues"]
+        self.eigenvalues_ = arrays.get("eigenvalues")
         self.q_, self.batch_size_ = meta["q"], meta["batch_size"]
         self.critical_batch_, self.step_size_, self.beta_ = (meta["critical_batch"], meta["step_size"],
                                                              meta["beta"])
@@ -401,19 +524,34 @@ def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
 class EigenProRegressor(RegressorMixin, _EigenProBase):
     """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
 
-    Kernel form (default): f(x) = sum_j a_j k(x, c_j) over the training rows
-    (all of them, or ``n_centers`` rows sampled from the data), trained by the
-    preconditioned SGD of Table 2.  Random-feature form (``n_features=D``):
-    EigenPro-RF, Table 1, a bounded model for data of any size.  The
-    preconditioner is computed once on the workers; q, the batch size and the
-    step size are chosen from its eigenvalues unless given.
+    Kernel form (default): f(x) = sum_j a_j k(x, c_j), fitted on every training
+    row.  When every row is a center (``n_centers`` None and n <= 100 000, or
+    ``n_centers >= n``) the fit is the preconditioned SGD of Table 2.  With
+    fewer centers than rows, the p centers are sampled from the rows and all n
+    rows enter the Nystrom objective
+
+        min_a (1/n) |K_nM a - y|^2 + alpha a^T K_MM a,
+
+    solved by FALKON (Rudi, Carratino & Rosasco 2017, Alg. 1): conjugate
+    gradient preconditioned by two Cholesky factors of K(C, C), one pass over
+    every row per iteration (:mod:`dkernel.solvers.falkon`).  Random-feature
+    form (``n_features=D``): EigenPro-RF, Table 1, a bounded model for data of
+    any size.  The preconditioners are computed once; q, the batch size and
+    the step size are chosen from the eigenvalues unless given.
 
     Parameters
     ----------
     kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
     bandwidth : float or "auto", default="auto"
     n_centers : int, optional
-        p centers sampled from the data (kernel form); None: all rows (up to 100 000).
+        p kernel centers.  None: every row when n <= 100 000, else 20 000
+        sampled rows (the all-rows solve factorises a p x p matrix on the
+        client, O(p^3)).  Fewer centers than rows never drops rows: every row
+        is fitted through the Nystrom objective.
+    alpha : float, optional
+        Ridge penalty lambda of the all-rows Nystrom solve (fewer centers than
+        rows); None: 1e-6.  Not used when every row is a center (that fit
+        interpolates; ``n_epochs`` regularises it) -- giving it there is an error.
     n_features : int, optional
         D random features: selects the random-feature form.
     q : int, optional
@@ -429,6 +567,8 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
     max_batch : int, optional
         Cap on the automatic batch size (default s for the kernel form, 2000 for features).
     n_epochs : int, default=10
+        Passes over the data: SGD epochs, or conjugate-gradient iterations of
+        the all-rows solve.
     block_size : int, default=1024
         Features per seeded block (random-feature form).
     kernel_cache : {"auto", "float32", "bfloat16", "off"}, default="auto"
@@ -448,13 +588,22 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
     ----------
     coef_ : ndarray (p, c) or (D, c)
     centers_ : ndarray (p, d), kernel form
-    eigenvalues_ : ndarray (q + 1,)
-        Top eigenvalues of K(S, S) / s (or of the feature covariance).
-    q_, batch_size_, step_size_, critical_batch_ : chosen settings
+    solver_ : {"eigenpro", "falkon"}, kernel form
+        Every row a center (Table 2 SGD), or fewer centers than rows (CG).
+    n_centers_, n_rows_used_ : int, kernel form
+        Centers p and training rows that entered the fit (always all n).
+    alpha_ : float or None
+        The ridge penalty of the all-rows solve (None when every row is a center).
+    eigenvalues_ : ndarray (q + 1,) or None
+        Top eigenvalues of K(S, S) / s (or of the feature covariance); None
+        for the all-rows solve, which has no eigensystem.
+    q_, batch_size_, step_size_, critical_batch_ : chosen SGD settings
+        None for the all-rows solve.
     history_ : list of dict
-        Per epoch: ``epoch``, ``loss`` (mean squared residual of the
+        SGD: per epoch ``epoch``, ``loss`` (mean squared residual of the
         mini-batches), ``steps``, ``rows``, ``seconds`` and, with early
-        stopping, ``validation_score``.
+        stopping, ``validation_score``.  All-rows solve: per CG iteration the
+        relative residual, training loss and seconds.
     validation_scores_ : list of float
         The validation scores (early stopping only; empty otherwise).
     best_epoch_ : int or None

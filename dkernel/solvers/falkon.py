@@ -1,0 +1,211 @@
+r"""Nystrom kernel ridge regression on every training row, solved by FALKON
+(Rudi, Carratino & Rosasco 2017, "FALKON: An Optimal Large Scale Kernel
+Method", Alg. 1): the kernel form of EigenPro when n exceeds the centers.
+
+Model  f(x) = \sum_{j<p} a_j k(x, c_j)  over p centers c_j sampled uniformly
+from the rows; every one of the n rows enters the objective
+
+    min_a  (1/n) |K_nM a - y|^2 + lambda a^T K_MM a                     (Rudi eq. 8)
+
+whose normal equations are  H a = b,  H = K_nM^T K_nM / n + lambda K_MM,
+b = K_nM^T y / n.  FALKON solves them by conjugate gradient on the
+preconditioned system  B^T H B beta = B^T b,  a = B beta,  with B = T^-1 A^-1:
+
+    T = chol(K_MM + eps p I)              (upper: T^T T = K_MM + eps p I)
+    A = chol(T T^T / p + lambda I)        (upper: A^T A = T T^T / p + lambda I)
+    B^T H B u = A^-T [ T^-T (K_nM^T K_nM (B u)) / n  +  lambda A^-1 u ]
+
+(Alg. 1's ``BHB``; the lambda term uses K_MM = T^T T, so it needs no pass over
+the data).  B B^T approximates H^-1 with the Nystrom estimate
+K_nM^T K_nM ~ (n / p) K_MM^2, so CG converges in O(log n) iterations (Rudi
+Thm. 3) where plain gradient descent on H would need cond(H) ~ 1 / lambda^2.
+
+Every CG iteration is one pass over all rows: one
+:meth:`dkernel.engine.Engine.map_reduce` whose per-chunk partial computes
+K_c^T (K_c v) (a p x c sum), with K_c = K(X_c, C) kept in the worker cache
+(:mod:`dkernel.engine.cache`, the same blocks and modes as the SGD form in
+:mod:`dkernel.solvers.eigenpro`) when they fit, else recomputed tile by tile.
+The p x p factorisations run once on the coordinator: O(p^3) flops and p^2
+floats of memory, which bounds p (2 * 10^4 centers: ~5e12 flops, 3.2 GB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+from scipy.linalg import blas
+
+from dkernel.backend import namespace
+from dkernel.engine import cache
+from dkernel.engine.program import Chunk
+from dkernel.solvers.eigenpro import _buffer, fill_kernel_rows, kernel_into, kernel_rows_key
+from dkernel.solvers.targets import TargetEncoding
+
+#: Jitter eps of T = chol(K_MM + eps p I).  The kernel rows are float32, so
+#: K_MM carries entry errors ~6e-8 and its smallest eigenvalues are noise of
+#: size up to p * 6e-8; eps = 1e-7 keeps the factorisation positive definite
+#: with a perturbation far below the lambda p of any useful ridge.
+_EPS = 1e-7
+#: Rows per tile of a chunk's kernel rows: a (tile x p) float32 slab of a few MB.
+_TILE_ROWS = 256
+
+
+# --- the preconditioner (Rudi et al. Alg. 1, lines 2-3) ----------------------------
+@dataclass
+class FalkonPreconditioner:
+    """B = T^-1 A^-1 with T, A the upper Cholesky factors above (float64)."""
+
+    T: np.ndarray
+    A: np.ndarray
+    lam: float
+
+    @classmethod
+    def from_kernel(cls, K_MM: np.ndarray, lam: float, eps: float = _EPS) -> FalkonPreconditioner:
+        p = K_MM.shape[0]
+        K = np.array(K_MM, dtype=np.float64, order="F")
+        K[np.diag_indices(p)] += eps * p
+        try:
+            T = scipy.linalg.cholesky(K, lower=False, overwrite_a=True, check_finite=False)
+        except np.linalg.LinAlgError as err:
+            raise ValueError(f"K(C, C) of the {p} centers is not positive definite even with "
+                             f"jitter {eps * p:.3g} (duplicate centers, or a kernel that is not "
+                             "positive definite?); use fewer n_centers or another kernel") from err
+        # T T^T with the triangular BLAS (half the flops of a general product)
+        TT = blas.dtrmm(1.0, T, np.asfortranarray(T.T), side=0, lower=0, trans_a=0, overwrite_b=1)
+        TT /= p
+        TT[np.diag_indices(p)] += lam
+        A = scipy.linalg.cholesky(TT, lower=False, overwrite_a=True, check_finite=False)
+        return cls(T, A, float(lam))
+
+    def apply(self, u: np.ndarray) -> np.ndarray:
+        """B u = T^-1 (A^-1 u)."""
+        v = scipy.linalg.solve_triangular(self.A, u, lower=False, check_finite=False)
+        return scipy.linalg.solve_triangular(self.T, v, lower=False, check_finite=False)
+
+    def apply_t(self, u: np.ndarray) -> np.ndarray:
+        """B^T u = A^-T (T^-T u)."""
+        v = scipy.linalg.solve_triangular(self.T, u, lower=False, trans="T", check_finite=False)
+        return scipy.linalg.solve_triangular(self.A, v, lower=False, trans="T", check_finite=False)
+
+    def ridge_term(self, u: np.ndarray) -> np.ndarray:
+        """B^T (lambda K_MM) B u = lambda A^-T A^-1 u (K_MM = T^T T)."""
+        v = scipy.linalg.solve_triangular(self.A, u, lower=False, check_finite=False)
+        return self.lam * scipy.linalg.solve_triangular(self.A, v, lower=False, trans="T",
+                                                        check_finite=False)
+
+
+def center_kernel(C: np.ndarray, kernel: str, bandwidth: float) -> np.ndarray:
+    """K(C, C) in float32, the same arithmetic as the kernel rows of the passes."""
+    C = np.ascontiguousarray(C, dtype=np.float32)
+    out = np.empty((C.shape[0], C.shape[0]), dtype=np.float32)
+    return kernel_into(C, C, (C * C).sum(axis=1), kernel, bandwidth, out)
+
+
+# --- worker side of a pass -----------------------------------------------------------
+def falkon_partial(payload: dict, chunk: Chunk) -> dict:
+    """w = K_c^T (K_c v - Y_c) (targets only when ``payload["targets"]``) and
+    |K_c v - Y_c|^2, over the whole chunk, K_c = K(X_c, C)."""
+    C, C_sq = payload["centers"], payload["centers_sq"]
+    kernel, bw, mode = payload["kernel"], payload["bandwidth"], payload["cache"]
+    xp = namespace(chunk.X)
+    v = xp.asarray(payload["v"], dtype=np.float32)
+    n_c, p = chunk.X.shape[0], C.shape[0]
+    Y = None
+    if payload["targets"]:
+        enc: TargetEncoding = payload["encoding"]
+        Y = enc.encode(chunk.y, np.float32)
+    full = None
+    if mode != "off":
+        itemsize = 4 if mode == "float32" else 2
+        full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+                                    lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
+                                    n_c * p * itemsize, owner=chunk.run)
+    w = xp.zeros((p, v.shape[1]), dtype=np.float32)
+    sq = xp.zeros(v.shape[1], dtype=np.float64)
+    r = _buffer("falkon-r", (_TILE_ROWS, v.shape[1]), np.float32, chunk.X)
+    for i in range(0, n_c, _TILE_ROWS):
+        j = min(n_c, i + _TILE_ROWS)
+        if full is not None and full.dtype == np.float32:
+            K = full[i:j]
+        else:
+            K = _buffer("falkon-tile", (j - i, p), np.float32, chunk.X)
+            if full is None:
+                kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K)
+            else:  # packed bfloat16: the top 16 bits of each float32
+                U = K.view(np.uint32)
+                U[...] = full[i:j]
+                U <<= np.uint32(16)
+        rt = r[: j - i]
+        xp.matmul(K, v, out=rt)
+        if Y is not None:
+            rt -= Y[i:j]
+        sq += (rt.astype(np.float64) ** 2).sum(axis=0)
+        w += K.T @ rt
+    return {"w": _np(w).astype(np.float64), "sq": _np(sq), "count": n_c}
+
+
+def _np(a: Any) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+# --- coordinator: conjugate gradient (Rudi et al. Alg. 1, ``conjgrad``) -------------
+@dataclass
+class FalkonResult:
+    coef: np.ndarray  # a (p, c)
+    history: list[dict]  # per iteration: residual of the CG system and the training MSE
+    n_passes: int
+
+
+def falkon_solve(pass_fn: Callable[[np.ndarray, bool], dict], pre: FalkonPreconditioner, n: int,
+                 n_outputs: int, n_iter: int,
+                 on_iter: Callable[[np.ndarray, int], bool] | None = None) -> FalkonResult:
+    """``n_iter`` CG iterations on B^T H B beta = B^T b, one column per output.
+
+    ``pass_fn(v, targets)`` returns the summed partials of :func:`falkon_partial`
+    for coefficients v (one pass over every row).  The training MSE of every
+    iterate is tracked without extra passes:
+    |K a - y|^2 = a^T (K^T K a) - 2 a^T K^T y + |y|^2, with K^T K a summed from
+    the products CG already computed.  ``on_iter(a, k)`` returning True stops early.
+    """
+    first = pass_fn(np.zeros((pre.T.shape[0], n_outputs)), True)
+    KTy = -first["w"]  # K_nM^T y (the pass ran with v = 0)
+    y_sq = first["sq"]
+    c = n_outputs
+    r = pre.apply_t(KTy / n)  # B^T b
+    beta = np.zeros_like(r)
+    a = np.zeros_like(r)
+    KTKa = np.zeros_like(r)  # K^T K a, for the training loss
+    d = r.copy()
+    rs = (r * r).sum(axis=0)
+    rs0 = np.where(rs > 0, rs, 1.0)
+    history: list[dict] = []
+    passes = 1
+    for k in range(int(n_iter)):
+        Bd = pre.apply(d)
+        KTKBd = pass_fn(Bd, False)["w"]
+        passes += 1
+        Hd = pre.apply_t(KTKBd / n) + pre.ridge_term(d)
+        dHd = (d * Hd).sum(axis=0)
+        # a column that has converged (rs == 0) takes no step
+        step = np.divide(rs, dHd, out=np.zeros(c), where=dHd > 0)
+        beta += step * d
+        r -= step * Hd
+        a += step * Bd
+        KTKa += step * KTKBd
+        rs_new = (r * r).sum(axis=0)
+        d = r + np.divide(rs_new, rs, out=np.zeros(c), where=rs > 0) * d
+        rs = rs_new
+        mse = (np.einsum("ij,ij->j", a, KTKa) - 2 * np.einsum("ij,ij->j", a, KTy) + y_sq) / n
+        history.append({"iteration": k + 1, "residual": float(np.sqrt(rs / rs0).max()),
+                        "loss": float(np.maximum(mse, 0).sum())})
+        if not np.all(np.isfinite(a)):
+            raise FloatingPointError(
+                f"the conjugate gradient iterate became non-finite at iteration {k + 1}; "
+                "raise alpha (the ridge penalty) or lower n_centers")
+        if on_iter is not None and on_iter(a, k):
+            break
+    return FalkonResult(a, history, passes)
