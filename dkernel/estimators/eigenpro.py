@@ -209,11 +209,11 @@ class _EigenProBase(BaseEstimator):
         damping = 0.95 if self.damping is None else float(self.damping)
         beta = kernel_diagonal_max(self.kernel)
         max_batch = int(self.max_batch or min(s, p))
-        n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        # a fixed number of chunks (not one per worker): sums must not depend on the cluster
         pre, eig = subsample_preconditioner(engine, centers[sub_idx], self.kernel, bandwidth,
                                             q=self.q, damping=damping, beta=beta,
-                                            max_batch=max_batch, n_chunks=2 * n_workers,
-                                            random_state=int(self.random_state))
+                                            max_batch=max_batch, n_chunks=16,
+                                            random_state=self.random_state_)
         q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
