@@ -111,6 +111,14 @@ class DivergenceGuard:
                               "step_scale": restored["step_scale"]})
         return restored
 
+    def carry(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        """The updated state with the guard's own entries (reference loss, step
+        scale) carried over, for programs whose update returns a fresh dict."""
+        for k in _KEYS:
+            if k in before and k not in after:
+                after[k] = before[k]
+        return after
+
     def finish(self, state: dict[str, Any]) -> None:
         """Warn when the last steps' loss is no better than the starting model's.
 
@@ -129,6 +137,9 @@ class DivergenceGuard:
                 f"than the starting model's {ref:.4g} (predicting the mean or the prior); "
                 f"{self.program.divergence_hint()}", FitQualityWarning, stacklevel=3)
 
+
+#: The guard's entries in a program's state (checkpointed with it).
+_KEYS = ("guard_reference", "step_scale")
 
 #: Steps whose mean loss stands in for the final model's training loss.
 _RECENT = 8

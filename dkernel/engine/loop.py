@@ -289,7 +289,10 @@ class Engine:
                             payload = _ship(self.client, program.payload(state, step))
                             extra = () if constants is None else (_ship(self.client, constants),)
                     restored = guard.before_update(state, total, step)
-                    state = program.update(state, total, step) if restored is None else restored
+                    if restored is None:
+                        state = guard.carry(state, program.update(state, total, step))
+                    else:
+                        state = restored
                     step += 1
                     seen["steps"] += 1
                     seen["rows"] += int(total.get("count", 0))

@@ -311,6 +311,7 @@ class KernelEigenProProgram(StepProgram):
 
     partial = staticmethod(eigenpro_kernel_partial)
     wants_chunk = True
+    supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:
         return {"coef": np.zeros((self.centers.shape[0], self.encoding.n_outputs))}
@@ -328,12 +329,12 @@ class KernelEigenProProgram(StepProgram):
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         m = int(total["count"])
         eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
-        lr = eta / m
+        lr = state.get("step_scale", 1.0) * eta / m  # halved by the engine's divergence guard
         a = state["coef"]
         for ids, g in zip(total["ids"], total["g"]):
             a[ids] -= lr * g  # Table 2, line 9: the batch coordinates
         a[self.sub_idx] += lr * self.preconditioner.correction(total["kg"])  # the EigenPro correction
-        return {"coef": a}
+        return {**state, "coef": a}
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         return self.stop
