@@ -82,8 +82,10 @@ class DivergenceGuard:
         if "loss" in total and total.get("count"):
             loss = float(np.sum(total["loss"])) / float(total["count"])
             if "guard_reference" not in state and math.isfinite(loss):
-                state["guard_reference"] = max(loss, 1e-12)
-        ref = state.get("guard_reference")
+                # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
+                # scale to compare with: 0 disables the ratio test for this fit
+                state["guard_reference"] = loss if loss > 1e-8 else 0.0
+        ref = state.get("guard_reference") or None
         bad = not _finite(state) or (loss is not None and (
             not math.isfinite(loss) or (ref is not None and loss > self.factor * ref)))
         if not bad:
@@ -95,8 +97,12 @@ class DivergenceGuard:
                 self.recent = (self.recent + [loss])[-_RECENT:]
             return None
         label = getattr(self.program, "label", "fit")
-        what = (f"loss {loss:.3g} against {ref:.3g} for the starting model" if loss is not None
-                and ref is not None else "its coefficients are no longer finite")
+        if loss is not None and ref is not None:
+            what = f"loss {loss:.3g} against {ref:.3g} for the starting model"
+        elif loss is not None and not math.isfinite(loss):
+            what = f"loss {loss}"
+        else:
+            what = "its coefficients are no longer finite"
         hint = self.program.divergence_hint()
         if not getattr(self.program, "supports_backoff", False) or self.snapshot is None:
             raise DivergenceError(f"{label} diverged at step {step} ({what}); {hint}")
@@ -127,7 +133,7 @@ class DivergenceGuard:
         model's training loss; a fit of a single step has nothing to compare.
         """
         ref = state.get("guard_reference")
-        if not self.recent or ref is None:
+        if not self.recent or not ref:
             return
         last = float(np.mean(self.recent))
         if last >= ref:
