@@ -173,6 +173,13 @@ class _ChunkSource:
             self._workers = sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
         return [self._workers[c % len(self._workers)]] if self._workers else None
 
+    def placement(self, c: int) -> dict[str, Any]:
+        """Submit keywords that prefer chunk c's home worker; none when the
+        scheduler reports no worker at that moment (distributed refuses
+        ``allow_other_workers`` without ``workers``)."""
+        home = self.home(c)
+        return {"workers": home, "allow_other_workers": True} if home else {}
+
     def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
         # Homes from the workers alive now (one scheduler query per group): a
         # task restricted to a worker that is already gone waits in
@@ -193,7 +200,7 @@ class _ChunkSource:
             self._validated.add(c)
             out[c] = self.client.compute(
                 dask.delayed(_load_chunk, pure=False)(xb, yb, int(self.offsets[c]), self.dtype, validate),
-                workers=self.home(c), allow_other_workers=True)
+                **self.placement(c))
         return out
 
 
@@ -271,8 +278,7 @@ class Engine:
                         futs = [self.client.submit(_run_partial, type(program).partial, payload,
                                                    current[c], slices[c][j],
                                                    (data.X.name, c) if program.wants_chunk else None,
-                                                   *extra, run=run, workers=source.home(c),
-                                                   allow_other_workers=True,
+                                                   *extra, run=run, **source.placement(c),
                                                    key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}")
                                 for c in group if j < len(slices[c])]
                         try:
@@ -351,8 +357,7 @@ class Engine:
             batch = [self.client.submit(_run_partial, fn, payload, chunks[c], None,
                                         (data.X.name, c) if wants_chunk else None, run=run,
                                         # where the fit cached this chunk's blocks
-                                        workers=source.home(c) if wants_chunk else None,
-                                        allow_other_workers=wants_chunk,
+                                        **(source.placement(c) if wants_chunk else {}),
                                         key=f"{_key_label(label)}-{token}-{c}")
                      for c in ids]
             del chunks
