@@ -54,6 +54,15 @@ def _weights(
     return W, b
 
 
+@lru_cache(maxsize=8)
+def _stacked(features: FeatureMap, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    W = np.concatenate([features.weights(j)[0] for j in range(n_blocks)], axis=1)
+    b = np.concatenate([features.weights(j)[1] for j in range(n_blocks)])
+    W.flags.writeable = False
+    b.flags.writeable = False
+    return W, b
+
+
 @dataclass(frozen=True)
 class FeatureMap:
     """Recipe for seeded feature blocks; cheap to pickle and hash.
@@ -98,6 +107,11 @@ class FeatureMap:
         return _weights(self.kernel, float(self.bandwidth), int(self.n_inputs),
                         int(self.block_size), self.dtype, int(self.random_state),
                         int(self.stream), int(block_id))
+
+    def stacked(self, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+        """(W, b) of blocks 0..n_blocks-1 side by side, shapes (d, D) and (D,), so a
+        tile of rows takes all its features in one product (cached per worker)."""
+        return _stacked(self, int(n_blocks))
 
     def block(self, X: Any, block_id: int) -> Any:
         """phi_{w_i}(X) = sqrt(2) cos(X W_i + b_i), shape (n, B), unscaled."""

@@ -45,17 +45,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import threading
-
 import numpy as np
 
-from dkernel.backend import asarray_like, namespace, to_numpy
+from dkernel.backend import asarray_like, namespace
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.losses import get_loss
 from dkernel.solvers.eigenpro import step_size as eigenpro_step
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
+from dkernel.solvers.fused import pool_gradient
 from dkernel.solvers.targets import TargetEncoding
 
 # Feature tiles of this many columns keep the (rows x tile) slab in cache-ish
@@ -119,60 +118,19 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
             "count": X.shape[0]}
 
 
-_scratch = threading.local()
-
-
-def pool_rows(features: FeatureMap, chunk: Chunk, n_blocks: int, use_cache: bool = True,
-              each: Any = None) -> Any:
-    """Phi(X_c[rows]) for the whole pool as (n_blocks, rows, B), built once per
-    step in a per-thread buffer that is reused across steps (fresh pages
-    cost seconds per GB here, DESIGN 4): cached blocks are gathered into it,
-    the others generated into it.  ``use_cache=False`` (a single epoch, where
-    a chunk's blocks are never read again) neither reads nor fills the
-    worker cache: filling it would only page in memory for nothing.  ``each(j,
-    Phi_j)`` is called as block j is ready (while it is still in cache)."""
-    B = features.block_size
-    m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
-    xp = namespace(chunk.X)
-    shape = (n_blocks, m, B)
-    size = n_blocks * m * B
-    buf = getattr(_scratch, "buf", None)
-    if xp is not np or buf is None or buf.size < size or buf.dtype != np.dtype(features.dtype):
-        buf = xp.empty(size, dtype=np.dtype(features.dtype))
-        if xp is np:
-            _scratch.buf = buf
-    Phi = buf[:size].reshape(shape)
-    X_rows = None
-    for j in range(n_blocks):
-        nbytes = chunk.X.shape[0] * B * Phi.itemsize
-        full = None if not use_cache else cache.lookup_or_fill(
-            (chunk.key, features, j), lambda j=j: features.block(chunk.X, j), nbytes, owner=chunk.run)
-        if full is None:
-            X_rows = chunk.X_rows if X_rows is None else X_rows
-            features.blocks(X_rows, [j], out=Phi[j])
-        elif chunk.rows is None:
-            Phi[j][...] = full
-        else:
-            xp.take(full, chunk.rows, axis=0, out=Phi[j], mode="clip")  # rows are valid; clip avoids a buffer
-        if each is not None:
-            each(j, Phi[j])
-    return Phi
-
-
 def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str,
                   use_cache: bool) -> dict:
-    B = features.block_size
-    n_blocks = coef.shape[0] // B
-    # f accumulates block by block while each block is fresh in cache
-    f = namespace(chunk.X).zeros((len(Y), coef.shape[1]), dtype=np.dtype(features.dtype))
-    Phi = pool_rows(features, chunk, n_blocks, use_cache,
-                    each=lambda j, P: f.__iadd__(P @ coef[j * B : (j + 1) * B]))
-    xp = namespace(Phi)
-    value, dl = get_loss(loss)(f, Y)
-    grad = np.empty((coef.shape[0], coef.shape[1]), dtype=np.float64)
-    for j in range(n_blocks):
-        grad[j * B : (j + 1) * B] = to_numpy(Phi[j].T @ dl)
-    return {"grad": grad, "loss": float(xp.sum(value)), "count": int(Phi.shape[1])}
+    """Every block's gradient in one fused pass over row tiles (:mod:`dkernel.solvers.fused`)."""
+    loss_fn = get_loss(loss)
+    xp = namespace(Y)
+
+    def derivative(f: Any, tile: slice) -> tuple[float, Any]:
+        value, dl = loss_fn(f, Y[tile])
+        return float(xp.sum(value)), dl
+
+    grad, total = pool_gradient(features, chunk, coef.shape[0] // features.block_size, coef,
+                                derivative, use_cache)
+    return {"grad": grad, "loss": total, "count": int(Y.shape[0])}
 
 
 @dataclass

@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.backend import asarray_like, namespace, to_numpy
+from dkernel.backend import asarray_like, namespace
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro import critical_batch, step_size
+from dkernel.solvers.fused import pool_gradient
 from dkernel.solvers.targets import TargetEncoding
 
 
@@ -79,15 +80,22 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
     D = n_blocks * features.block_size
     s = sample.shape[0]
     n_pairs = min(D, s, (int(q) + 1) if q is not None else int(max_pairs))
-    # a fixed number of chunks, not one per worker: the sums, hence the model,
-    # must not depend on the cluster
-    rows = open_dataset(np.asarray(sample, dtype=np.float32), chunk_rows=max(1, math.ceil(s / 16)))
+    # the number of chunks follows the work (one per ~_GRAM_FLOP of s x D x D), never
+    # the cluster: the sums, hence the model, must not depend on it; each
+    # chunk's D x D partial is paged in, shipped and added, so few is cheap
+    parts = int(np.clip(round(2.0 * s * D * D / _GRAM_FLOP), 2, 16))
+    rows = open_dataset(np.asarray(sample, dtype=np.float32), chunk_rows=max(1, math.ceil(s / parts)))
     eig = eigensystem(engine, rows, feature_block, {"features": features, "n_blocks": n_blocks},
                       n_pairs, D, operator="gram", random_state=int(random_state), label=label,
                       dtype="float32")
     beta = float(eig.row_norm_max)
     q = min(int(q), n_pairs - 1) if q is not None else choose_q_rf(eig.values, beta, max_batch)
     return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau), beta, eig
+
+
+#: GEMM work per chunk of the preconditioner's Gram: ~0.2 s on one core here,
+#: so a 4000 x 2048 sample is 4 chunks and a 4000 x 16384 one the cap of 16.
+_GRAM_FLOP = 8e9
 
 
 def choose_q_rf(values: np.ndarray, beta: float, max_batch: int) -> int:
@@ -100,42 +108,42 @@ def choose_q_rf(values: np.ndarray, beta: float, max_batch: int) -> int:
 
 
 def eigenpro_rf_partial(payload: dict, chunk: Chunk) -> dict:
-    """Z_b^T (Z_b theta - y_b) on this task's rows, Z = Phi / sqrt(D): the pool's
-    blocks come from the worker cache or are generated into a reused buffer
-    (:func:`dkernel.solvers.dsg.pool_rows`, shared with DSG's blocks)."""
-    from dkernel.solvers.dsg import pool_rows
-
+    """Z_b^T (Z_b theta - y_b) on this task's rows, Z = Phi / sqrt(D), in one fused
+    pass over row tiles (:mod:`dkernel.solvers.fused`, shared with DSG): the
+    pool's blocks come from the worker cache or are generated per tile."""
     features: FeatureMap = payload["features"]
     n_blocks = payload["n_blocks"]
     encoding: TargetEncoding = payload["encoding"]
-    B = features.block_size
-    Phi = pool_rows(features, chunk, n_blocks, payload.get("cache", True))
-    xp = namespace(Phi)
-    s = Phi.dtype.type(1.0 / math.sqrt(n_blocks * B))
-    theta = asarray_like(payload["theta"], Phi) * s  # Z theta = Phi (theta / sqrt(D))
-    r = -encoding.encode(chunk.y_rows, Phi.dtype)
-    for j in range(n_blocks):
-        r += Phi[j] @ theta[j * B : (j + 1) * B]
-    grad = np.empty((n_blocks * B, r.shape[1]), dtype=np.float64)
-    for j in range(n_blocks):
-        grad[j * B : (j + 1) * B] = to_numpy(Phi[j].T @ r) * float(s)
-    return {"grad": grad, "loss": float(xp.sum(r * r)), "count": int(Phi.shape[1])}
+    dt = np.dtype(features.dtype)
+    s = dt.type(1.0 / math.sqrt(n_blocks * features.block_size))
+    theta = asarray_like(payload["theta"], chunk.X).astype(dt, copy=False) * s  # Z theta = Phi (theta s)
+    Y = encoding.encode(chunk.y_rows, dt)
+    xp = namespace(Y)
+
+    def derivative(f: Any, tile: slice) -> tuple[float, Any]:
+        r = f - Y[tile]
+        return float(xp.sum(r * r)), r
+
+    grad, loss = pool_gradient(features, chunk, n_blocks, theta, derivative,
+                               payload.get("cache", True))
+    return {"grad": grad * float(s), "loss": loss, "count": int(Y.shape[0])}
 
 
 def default_batch(lanes: int, n_features: int, n_rows: int) -> int:
     """Rows of a step when the user gives none: ``lanes`` x the rows whose D
-    float32 features fill ``_STEP_BUFFER_BYTES`` (clipped to [1024, 16384]):
-    a step's compute then dwarfs its fixed cost (DESIGN 5) and the buffer
-    is reused, not paged in, every step."""
-    per_lane = min(32768, max(1024, _STEP_BUFFER_BYTES // (4 * int(n_features))))
+    features make ``_LANE_FEATURES`` feature evaluations (clipped to [1024,
+    65536] rows a lane): about 0.3 s of one core's arithmetic at d = 32, so a
+    step's compute dwarfs its fixed cost (DESIGN 5).  The fused row-tile pass
+    (:mod:`dkernel.solvers.fused`) holds a few MB whatever the rows."""
+    per_lane = min(65536, max(1024, _LANE_FEATURES // int(n_features)))
     return max(1, min(int(n_rows), int(lanes) * per_lane))
 
 
-#: One lane's step buffer: 256 MB of float32 features, ~160 ms of compute at
-#: D = 2048, d = 32 on one core, against a fixed cost of 14 ms a step plus
-#: ~90 ms of chunk loading and client/scheduler work on a 2-core machine
-#: (benchmarks/throughput.py; 128 MB reached 45% of the ceiling in steps).
-_STEP_BUFFER_BYTES = 256 << 20
+#: One lane's features per step: 65536 rows at D = 2048 (32768 at D = 4096).
+#: On 2M x 32 (benchmarks/throughput.py, 2 workers, DSG) 65536 rows a lane
+#: ran at 226k rows/s against 187k for 32768, with the same test R^2
+#: (0.171 / 0.173); the fixed cost is 15-18 ms a step plus chunk loading.
+_LANE_FEATURES = 1 << 27
 
 
 @dataclass
