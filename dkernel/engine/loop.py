@@ -195,6 +195,9 @@ class _ChunkSource:
         for c in chunks:
             xb = self.data.X.blocks[c]
             yb = None if self.data.y is None else self.data.y.blocks[c]
+            # fuse each chunk's read, checks and slicing into one task per array
+            # (the scheduler's work per chunk competes with the steps for cores)
+            xb, yb = dask.optimize(xb, yb)
             # NaN/inf are checked on the worker the first time each chunk is read.
             validate = c not in self._validated
             self._validated.add(c)

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse
@@ -179,13 +180,25 @@ def sample_rows(data: Dataset, random_state: int, client: Any, size: int = _BAND
     if data.host is not None:
         sample = np.asarray(data.host[0][idx], dtype=np.float64)
     else:
-        sample = np.asarray(client.compute(data.X[idx]).result(), dtype=np.float64)
+        # one task per chunk that reads it and keeps its sampled rows (dask's
+        # fancy indexing adds a shuffle of several tasks per chunk)
+        offsets = data.row_offsets()
+        owner = np.searchsorted(offsets, idx, side="right") - 1
+        chunks = np.unique(owner)
+        blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
+        parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
+                                for b, c in zip(blocks, chunks)])
+        sample = np.concatenate([np.asarray(p, dtype=np.float64) for p in client.gather(parts)])
     bad = ~np.isfinite(sample).all(axis=1)
     if bad.any():
         raise ValueError(
             f"X contains NaN or infinity in {int(bad.sum())} sampled row(s) "
             f"(first bad row: {int(idx[bad][0])}); drop or impute those rows before fitting")
     return sample
+
+
+def _take_rows(block: Any, rows: np.ndarray) -> np.ndarray:
+    return np.asarray(block[rows])
 
 
 def resolve_bandwidth(bandwidth: Any, kernel: str, sample: np.ndarray) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dask.array as da
@@ -208,12 +209,16 @@ class _DSGBase(BaseEstimator):
             # one read serves the bandwidth and the preconditioner (a store's
             # sample touches up to 64 chunks; reading them twice cost ~1 s a fit)
             shared = self.preconditioner == "eigenpro" and not self.early_stopping
-            rows = sample_rows(data, self.random_state_, client,
-                               size=_PRECONDITIONER_ROWS if shared else _BANDWIDTH_ROWS)
+            # the pass over y (its mean or classes) runs on the cluster while the
+            # sample is read: both are fixed costs of every fit
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(self._encoding, data, client)
+                rows = sample_rows(data, self.random_state_, client,
+                                   size=_PRECONDITIONER_ROWS if shared else _BANDWIDTH_ROWS)
+                encoding = pending.result()
             sample = rows[np.random.default_rng([self.random_state_, 0xBA4E]).choice(
                 len(rows), min(len(rows), _BANDWIDTH_ROWS), replace=False)] if shared else rows
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            encoding = self._encoding(data, client)
             if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = labels
             B = min(int(self.block_size), int(self.n_features))
