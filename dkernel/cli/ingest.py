@@ -21,7 +21,7 @@ from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
 # rather than silently ignored.
 _FORMAT_OPTIONS = {
     "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv", "parquet"),
-    "no_target": ("csv", "parquet"), "parallel": ("csv",), "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
+    "no_target": ("csv", "parquet"), "parallel": ("csv", "libsvm"), "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
 }
 _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "comma": ",",
                "semicolon": ";"}
@@ -64,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: largest index, by an extra pass)")
     p.add_argument("--zero-based", action="store_true", help="libsvm: indices start at 0, not 1")
     p.add_argument("--parallel", action="store_true",
-                   help="csv: parse byte ranges of the file on the Dask workers (large files; "
-                        "parquet is always read on the workers)")
+                   help="csv, libsvm: parse byte ranges of the file on the Dask workers "
+                        "(large files; parquet is always read on the workers)")
     add_output_args(p, overwrite=True)
     add_cluster_args(p)
     p.set_defaults(func=run)
@@ -112,6 +112,13 @@ def run(args: argparse.Namespace) -> int:
                                                     header=args.header,
                                                     delimiter=_delimiter(args.delimiter),
                                                     client=client, **common)
+        elif args.parallel:  # libsvm, read and written on the Dask workers
+            from dkernel.data.svmlight import ingest_libsvm_parallel
+            from dkernel.engine import connect
+
+            with connect(**cluster_options(args)) as client:
+                ingest_libsvm_parallel(args.input, args.out, n_features=args.n_inputs,
+                                       zero_based=args.zero_based, client=client, **common)
         else:
             ing.ingest_libsvm(args.input, args.out, n_features=args.n_inputs,
                               zero_based=args.zero_based, **common)

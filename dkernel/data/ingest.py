@@ -688,75 +688,37 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
 
 # -------------------------------------------------------------------- libsvm
 
-def _libsvm_rows(path: str, base: int) -> Iterator[tuple[int, str, list[tuple[int, str]]]]:
-    """(line number, label text, [(0-based index, value text)]) per data line."""
-    with _open_text(path) as f:
-        for lineno, line in _numbered_lines(path, f):
-            tokens = line.split("#", 1)[0].split()
-            if not tokens:
-                continue
-            pairs = []
-            for tok in tokens[1:]:
-                i, sep, v = tok.partition(":")
-                if i == "qid":
-                    continue
-                if not sep or not i.isdigit():
-                    raise IngestError(f"{path}:{lineno}: cannot read {tok!r} as index:value")
-                idx = int(i) - base
-                if idx < 0:
-                    hint = ("libsvm indices start at 1; pass zero_based=True (--zero-based) "
-                            "for files counting from 0") if base else "indices must be >= 0"
-                    raise IngestError(f"{path}:{lineno}: feature index {i}; {hint}")
-                pairs.append((idx, v))
-            yield lineno, tokens[0], pairs
-
-
 def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
                    dtype: np.dtype, y_dtype: np.dtype) -> _Source:
+    """scikit-learn's reader over byte ranges of the file (:mod:`dkernel.data.svmlight`),
+    re-blocked into chunks of ``chunk_rows`` dense rows."""
+    from dkernel.data import svmlight
+
     path = os.fspath(path)
-    base = 0 if zero_based else 1
     _open_bytes(path).close()  # missing file: fail before any pass
+    ranges = svmlight.byte_ranges(path)
     if n_features is None:  # the width must be known before the first dense chunk
-        n_features = 0
-        for _, _, pairs in _libsvm_rows(path, base):
-            if pairs:
-                n_features = max(n_features, max(i for i, _ in pairs) + 1)
-        if n_features == 0:
-            raise IngestError(f"{path}: no feature values found; pass n_features (--n-features)")
+        n_features = svmlight.width(path, [svmlight.scan_range(path, r, zero_based) for r in ranges],
+                                    None)
     check_positive("n_features", n_features, integer=True)
 
     def blocks(chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        rows = _libsvm_rows(path, base)
         # Reused for every chunk (the writer stores each block before the next).
         X = np.empty((chunk_rows, n_features), dtype=dtype)
         y = np.empty(chunk_rows, dtype=y_dtype)
-        while True:
-            X.fill(0)
-            k = 0
-            for lineno, label, pairs in rows:
-                try:
-                    y[k] = float(label)
-                    for i, v in pairs:
-                        X[k, i] = float(v)
-                except ValueError:
-                    if not _is_number(label):
-                        multi = "; multi-label rows are not supported" if "," in label else ""
-                        raise IngestError(f"{path}:{lineno}: non-numeric label {label!r}{multi}") \
-                            from None
-                    bad = next(v for _, v in pairs if not _is_number(v))
-                    raise IngestError(f"{path}:{lineno}: non-numeric value {bad!r}") from None
-                except IndexError:
-                    i = max(i for i, _ in pairs) + base
-                    raise IngestError(f"{path}:{lineno}: feature index {i} is beyond "
-                                      f"n_features={n_features}; pass a larger --n-features "
-                                      "or omit it") from None
-                k += 1
+        k = 0
+        for rng in ranges:
+            Xr, yr = svmlight.read_range(path, rng, n_features, zero_based, dtype)
+            a = 0
+            while a < len(yr):
+                take = min(chunk_rows - k, len(yr) - a)
+                X[k : k + take] = Xr[a : a + take].toarray()
+                y[k : k + take] = yr[a : a + take]
+                a, k = a + take, k + take
                 if k == chunk_rows:
-                    break
-            if k == 0:
-                return
+                    yield X, y
+                    k = 0
+        if k:
             yield X[:k], y[:k]
-            if k < chunk_rows:
-                return
 
     return _Source(n_features, blocks, y_dtype, (), {"source": path, "format": "libsvm"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
@@ -176,10 +177,13 @@ class _EigenProBase(BaseEstimator):
         data = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
             bandwidth = self.bandwidth
-            if isinstance(bandwidth, str):
-                bandwidth = resolve_bandwidth(bandwidth, self.kernel,
-                                              sample_rows(data, self.random_state_, client))
-            encoding = self._encoding(data, client)
+            # the pass over y (its mean or classes) runs while the sample is read
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(self._encoding, data, client)
+                if isinstance(bandwidth, str):
+                    bandwidth = resolve_bandwidth(bandwidth, self.kernel,
+                                                  sample_rows(data, self.random_state_, client))
+                encoding = pending.result()
             if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = labels
             rng = np.random.default_rng([self.random_state_, 0xE16])
