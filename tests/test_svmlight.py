@@ -94,3 +94,16 @@ def test_cli_parallel_libsvm(tmp_path, client, capsys):
     assert main(["ingest", str(tmp_path / "d.svm"), "--out", str(tmp_path / "c.zarr"),
                  "--parallel", "--scheduler", client.scheduler.address]) == 0
     np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "c.zarr"), mode="r")["X"][:], X)
+
+
+def test_cli_parses_large_files_on_the_workers_by_default(tmp_path, client, monkeypatch):
+    from dkernel.cli import ingest as cli_ingest
+
+    monkeypatch.setattr(cli_ingest, "_PARALLEL_BYTES", 1000)  # "large" for this test
+    X, _ = _write(tmp_path / "big.svm", n=300)
+    assert os.path.getsize(tmp_path / "big.svm") > 1000
+    assert main(["ingest", str(tmp_path / "big.svm"), "--out", str(tmp_path / "b.zarr"),
+                 "--scheduler", client.scheduler.address]) == 0
+    prefixes = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
+    assert "dense_range" in prefixes  # parsed by tasks on the workers
+    np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "b.zarr"), mode="r")["X"][:], X)

@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zero-based", action="store_true", help="libsvm: indices start at 0, not 1")
     p.add_argument("--parallel", action="store_true",
                    help="csv, libsvm: parse byte ranges of the file on the Dask workers "
-                        "(large files; parquet is always read on the workers)")
+                        "(the default for uncompressed files over 64 MB; parquet is always "
+                        "read on the workers)")
     add_output_args(p, overwrite=True)
     add_cluster_args(p)
     p.set_defaults(func=run)
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         _check_options(args, fmt)
         check_output(args.out, args.overwrite)
         common = {"dtype": args.dtype, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
+        parallel = args.parallel or (fmt in ("csv", "libsvm") and _large(args.input))
         if fmt == "idx":
             ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
         elif fmt == "npy":
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             from dkernel.engine import connect
 
             target = None if args.no_target else (-1 if args.target is None else args.target)
-            if fmt == "csv" and not args.parallel:
+            if fmt == "csv" and not parallel:
                 ing.ingest_csv(args.input, args.out, target=target, header=args.header,
                                delimiter=_delimiter(args.delimiter), **common)
             else:  # read and written on the Dask workers
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                                     header=args.header,
                                                     delimiter=_delimiter(args.delimiter),
                                                     client=client, **common)
-        elif args.parallel:  # libsvm, read and written on the Dask workers
+        elif parallel:  # libsvm, read and written on the Dask workers
             from dkernel.data.svmlight import ingest_libsvm_parallel
             from dkernel.engine import connect
 
@@ -138,6 +140,20 @@ def _check_options(args: argparse.Namespace, fmt: str) -> None:
             if name == "header":
                 flag = "--header" if value else "--no-header"
             raise ValueError(f"{flag} applies to {' / '.join(formats)} input, not {fmt}")
+
+
+def _large(path: str) -> bool:
+    """Worth parsing on the workers: an uncompressed file over 64 MB (a gzip
+    stream cannot be entered at an offset, so it is read in one piece anyway)."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return not gz and os.path.getsize(path) > _PARALLEL_BYTES
+
+
+#: Files above this size are parsed on the workers (one byte range per task).
+_PARALLEL_BYTES = 64 * 2**20
 
 
 def _delimiter(text: str | None) -> str | None:
