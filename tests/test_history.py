@@ -180,3 +180,18 @@ def test_sphere_progressive_loss_matches_the_per_point_definition(client):
     head = SphereRegressor(**kw).fit(X[:13], y[:13])
     assert head.history_[0]["loss"] == pytest.approx(np.mean(errs), rel=1e-8)
     assert full.history_[0]["rows"] == 60
+
+
+def test_each_epoch_says_where_its_time_went(client, caplog):
+    # the lanes' compute is measured on the workers and summed like the partials,
+    # so busy = compute / (lanes x wall) is a fraction; the log line names it
+    X, y = make_dai_ridge(8000, 4)
+    with caplog.at_level("INFO", logger="dkernel.engine"):
+        m = DSGRegressor(n_features=512, n_epochs=2, batch_size=1024, client=client).fit(X, y)
+    for e in m.history_:
+        assert 0 < e["compute_seconds"] <= m.lanes_ * e["seconds"]
+        assert 0 < e["busy"] <= 1
+        assert e["busy"] == pytest.approx(e["compute_seconds"] / (m.lanes_ * e["seconds"]))
+        assert 0 <= e["update_seconds"] < e["seconds"] and 0 <= e["wait_seconds"] < e["seconds"]
+    lines = [r.getMessage() for r in caplog.records if "lanes busy" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("dsg epoch 1:")

@@ -19,7 +19,9 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 import time
 import uuid
 from concurrent.futures import CancelledError
@@ -88,6 +90,14 @@ def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.nd
         X = X[rows]
         y = None if y is None else y[rows]
     return fn(payload, X, y)
+
+
+def _run_step_partial(*args: Any, **kwargs: Any) -> dict:
+    """A step's partial result plus the seconds it computed (``_seconds``, summed
+    over the lanes like every entry), so an epoch can say where its time went."""
+    t0 = time.perf_counter()
+    out = _run_partial(*args, **kwargs)
+    return {**out, "_seconds": time.perf_counter() - t0}
 
 
 def _add(a: dict, b: dict) -> dict:
@@ -220,7 +230,11 @@ class Engine:
         self.backoffs: list[dict[str, Any]] = []
         #: One dict per epoch of the last ``run_steps``: ``epoch`` (1-based),
         #: ``loss`` (mean mini-batch loss over the epoch's rows, where the
-        #: program reports one), ``steps``, ``rows`` and ``seconds``.
+        #: program reports one), ``steps``, ``rows``, ``seconds`` and where the
+        #: time went: ``compute_seconds`` (the step partials' own time, summed
+        #: over lanes), ``busy`` (that / (lanes x seconds)), ``update_seconds``
+        #: (the client's updates) and ``wait_seconds`` (the client waiting for
+        #: results).  Each epoch is also logged on ``dkernel.engine`` at INFO.
         self.history: list[dict[str, Any]] = []
 
     def plan(self, data: Dataset, batch_size: int, random_state: int) -> ChunkPlan:
@@ -257,7 +271,8 @@ class Engine:
             if step + per_epoch[epoch] <= start:
                 step += per_epoch[epoch]
                 continue
-            seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter()}
+            seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter(),
+                    "compute": 0.0, "wait": 0.0, "update": 0.0}
             groups = [g for g in plan.groups(epoch)]
             todo, skipped = [], step
             for g in groups:  # groups fully before the resume point are not loaded
@@ -278,14 +293,16 @@ class Engine:
                     payload = _ship(self.client, program.payload(state, step))
                     for attempt in range(_STEP_RETRIES + 1):
                         # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
-                        futs = [self.client.submit(_run_partial, type(program).partial, payload,
+                        futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
                                                    current[c], slices[c][j],
                                                    (data.X.name, c) if program.wants_chunk else None,
                                                    *extra, run=run, **source.placement(c),
                                                    key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}")
                                 for c in group if j < len(slices[c])]
                         try:
+                            t_wait = time.perf_counter()
                             total = tree_sum(self.client, futs)
+                            seen["wait"] += time.perf_counter() - t_wait
                             break
                         except CancelledError:
                             # A worker died holding data this step needs (Dask cannot
@@ -297,11 +314,14 @@ class Engine:
                             current, loaded = source.get(group), {}
                             payload = _ship(self.client, program.payload(state, step))
                             extra = () if constants is None else (_ship(self.client, constants),)
+                    seen["compute"] += float(total.pop("_seconds", 0.0))
+                    t_update = time.perf_counter()
                     restored = guard.before_update(state, total, step)
                     if restored is None:
                         state = guard.carry(state, program.update(state, total, step))
                     else:
                         state = restored
+                    seen["update"] += time.perf_counter() - t_update
                     step += 1
                     seen["steps"] += 1
                     seen["rows"] += int(total.get("count", 0))
@@ -313,10 +333,13 @@ class Engine:
                     rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
                     progress.update(1, epoch=epoch + 1, **{"rows/s": rate}, **program.metrics(total))
                 del current
-            self.history.append({
+            entry = {
                 "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
                 "loss": seen["loss"] / seen["loss_rows"] if seen["loss_rows"] else None,
-                "seconds": time.perf_counter() - seen["t0"]})
+                "seconds": time.perf_counter() - seen["t0"]}
+            entry.update(_time_budget(seen, entry["seconds"], plan.lanes))
+            self.history.append(entry)
+            _report_epoch(program.label, entry, plan.lanes, opts.progress)
             if on_epoch is not None:
                 on_epoch(state, epoch)
             if program.should_stop(state, epoch):
@@ -451,6 +474,32 @@ class Engine:
         progress.close()
         return result
 
+
+def _time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
+    """Where an epoch's time went: ``compute_seconds`` (the partials' own time,
+    summed over lanes), ``busy`` (that over ``lanes`` x the epoch: 1 means the
+    lanes never waited), ``update_seconds`` (the client's updates) and
+    ``wait_seconds`` (the client waiting for step results)."""
+    return {"compute_seconds": seen["compute"],
+            "busy": seen["compute"] / max(lanes * seconds, 1e-9),
+            "update_seconds": seen["update"], "wait_seconds": seen["wait"]}
+
+
+def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool) -> None:
+    """Say why an epoch was slow: logged at INFO always, printed when verbose."""
+    idle = entry["seconds"] - entry["compute_seconds"] / lanes
+    text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {entry['rows'] / max(entry['seconds'], 1e-9):,.0f} rows/s; "
+            f"lanes busy {100 * entry['busy']:.0f}% ({entry['compute_seconds']:.1f} s of compute "
+            f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
+            f"{entry['update_seconds']:.1f} s, the rest went to chunk reads, scheduling and "
+            "waiting for the slowest lane")
+    _log.info(text)
+    if verbose and entry["busy"] < 0.8 and entry["seconds"] > 5:
+        print(text + (" (fewer, wider steps -- a larger batch_size -- or chunks on faster "
+                      "storage help)" if entry["busy"] < 0.5 else ""), file=sys.stderr, flush=True)
+
+
+_log = logging.getLogger("dkernel.engine")
 
 # Times a step is redone after losing a worker before the fit gives up.
 _STEP_RETRIES = 3
