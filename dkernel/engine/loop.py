@@ -297,7 +297,10 @@ class Engine:
                                                    current[c], slices[c][j],
                                                    (data.X.name, c) if program.wants_chunk else None,
                                                    *extra, run=run, **source.placement(c),
-                                                   key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}")
+                                                   key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}",
+                                                   # before the prefetch of the next chunks, which
+                                                   # then runs while the client sums and updates
+                                                   priority=1)
                                 for c in group if j < len(slices[c])]
                         try:
                             t_wait = time.perf_counter()
