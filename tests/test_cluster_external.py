@@ -123,7 +123,7 @@ def _accuracy(model, store: str) -> float:
     return float((model.predict(X) == y).mean())
 
 
-def test_cli_fit_runs_on_both_workers_of_external_scheduler(external, store, tmp_path):
+def test_cli_fit_runs_on_both_workers_of_external_scheduler(external, store, tmp_path, client):
     out = tmp_path / "model.npz"
     with Client(external, set_as_default=False) as probe:
         before = _executed(probe)
@@ -134,6 +134,10 @@ def test_cli_fit_runs_on_both_workers_of_external_scheduler(external, store, tmp
         assert rc == 0
         _ran_on_every_worker(before, _executed(probe))
     model = load_model(out)
+    # the same model as the Python API on the in-process cluster: the CLI passed
+    # every setting, and the external cluster changed nothing
+    ref = DSGClassifier(**FIT, client=client).fit(store)
+    np.testing.assert_array_equal(model.coef_, ref.coef_)
     # 3 non-linear classes: chance is ~1/3; a working fit is far above it.
     assert _accuracy(model, store) > 0.6
 
@@ -157,7 +161,8 @@ def test_python_api_fit_and_lazy_predict_on_external_cluster(external, store):
         data = open_dataset(store)
         pred = model.predict(data.X)  # lazy: computed on the external cluster
         acc = c.compute((pred == data.y).mean()).result()
-    assert acc > 0.6
+    # the lazy prediction on the external cluster is the eager one, row for row
+    assert acc == _accuracy(model, store) and acc > 0.6
     assert model.coef_.shape == (256, 3)
 
 
