@@ -59,14 +59,21 @@ class Eigensystem:
 
 
 def top_eigh(A: np.ndarray, k: int, dtype: str = "float64") -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` eigenpairs of a dense symmetric matrix (descending), LAPACK ``evr``;
+    """Top ``k`` eigenpairs of a dense symmetric matrix (descending), LAPACK ``evr`` (``evd``
+    when k is over a third of the order);
     ``dtype="float32"`` solves in single precision (about 5x faster on these
     machines; eigenvalues to ~1e-7 of lambda_1), returned as float64."""
     A = np.asarray(A, dtype=np.dtype(dtype))
     N = A.shape[0]
     k = min(int(k), N)
-    w, V = scipy.linalg.eigh(A, subset_by_index=[N - k, N - 1], driver="evr",
-                             check_finite=False)
+    if 3 * k > N:
+        # most of the spectrum: the full divide-and-conquer solve is faster
+        # (1537 of 2048 pairs in float32: evd 1.8 s, evr 3.3 s here)
+        w, V = scipy.linalg.eigh(A, driver="evd", check_finite=False)
+        w, V = w[N - k :], V[:, N - k :]
+    else:
+        w, V = scipy.linalg.eigh(A, subset_by_index=[N - k, N - 1], driver="evr",
+                                 check_finite=False)
     return w[::-1].astype(np.float64), V[:, ::-1].astype(np.float64)
 
 
