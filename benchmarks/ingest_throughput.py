@@ -3,6 +3,7 @@ chunks written by the workers) against a plain pyarrow read of the same file
 in the same run (DESIGN 4: timings are ratios against a peer).
 
     python benchmarks/ingest_throughput.py --gb 1.0 --workers 2 --folder /tmp/ingest-bench
+    python benchmarks/ingest_throughput.py --libsvm-mb 300     # and a libsvm file
 
 Writes a Parquet file of random float32 features and an int64 label (random
 floats barely compress, so the file is about ``--gb`` GB), then times
@@ -43,12 +44,54 @@ def make_parquet(path: str, gb: float, d: int, seed: int = 0) -> int:
     return n_groups * rows_per_group
 
 
+def make_libsvm(path: str, mb: float, d: int, seed: int = 0) -> int:
+    """A libsvm file of about ``mb`` MB: random rows, ~half their d features set."""
+    rng = np.random.default_rng(seed)
+    n = 0
+    with open(path, "w") as f:
+        while f.tell() < mb * 1e6:
+            X = np.where(rng.random((20000, d)) < 0.5, rng.standard_normal((20000, d)), 0.0)
+            y = rng.integers(0, 10, 20000)
+            f.write("".join(f"{t} " + " ".join(f"{j + 1}:{v:.5g}" for j in np.flatnonzero(r)
+                                               for v in (r[j],)) + "\n"
+                            for r, t in zip(X, y)))
+            n += 20000
+    return n
+
+
+def libsvm_leg(args, client) -> None:
+    """dkernel's libsvm ingest on the workers against scikit-learn's reader of
+    the whole file in one process (the same parser, without ranges or writes)."""
+    from sklearn.datasets import load_svmlight_file
+
+    from dkernel.data.svmlight import ingest_libsvm_parallel
+
+    src = os.path.join(args.folder, "table.libsvm")
+    out = os.path.join(args.folder, "libsvm.zarr")
+    if not os.path.exists(src):
+        n = make_libsvm(src, args.libsvm_mb, args.features)
+        print(f"wrote {src}: {n} rows x {args.features}")
+    mb = os.path.getsize(src) / 1e6
+    t = time.perf_counter()
+    load_svmlight_file(src, n_features=args.features, dtype=np.float32)
+    t_sk = time.perf_counter() - t
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    ingest_libsvm_parallel(src, out, n_features=args.features, client=client)
+    t_ingest = time.perf_counter() - t
+    print(f"libsvm: {mb:.0f} MB; scikit-learn load_svmlight_file (1 process): {t_sk:.2f} s "
+          f"{mb / t_sk:.0f} MB/s; dkernel ingest ({args.workers} workers, zarr): {t_ingest:.2f} s "
+          f"{mb / t_ingest:.0f} MB/s ({t_sk / t_ingest:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0, help="approximate Parquet file size")
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--folder", default="/tmp/dkernel-ingest-bench")
+    ap.add_argument("--libsvm-mb", type=float, default=0.0,
+                    help="also time libsvm ingest on a file of about this many MB")
     args = ap.parse_args()
 
     import pyarrow.parquet as pq
@@ -83,6 +126,8 @@ def main() -> None:
         t = time.perf_counter()
         ingest_parquet(src, out, target="label", client=client)
         t_ingest = time.perf_counter() - t
+        if args.libsvm_mb:
+            libsvm_leg(args, client)
     zbytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
     print(f"pyarrow read_table:             {t_read:7.2f} s  {mb / t_read:7.0f} MB/s")
     print(f"pyarrow read_table + to NumPy:  {t_numpy:7.2f} s  {mb / t_numpy:7.0f} MB/s")

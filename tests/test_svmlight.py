@@ -107,3 +107,18 @@ def test_cli_parses_large_files_on_the_workers_by_default(tmp_path, client, monk
     prefixes = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
     assert "dense_range" in prefixes  # parsed by tasks on the workers
     np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "b.zarr"), mode="r")["X"][:], X)
+
+
+def test_counting_rows_matches_parsing_them(tmp_path):
+    # with n_features given the first pass only counts data lines; it must
+    # agree with the parser on every cut (comments, blank lines, no final newline)
+    from dkernel.data.svmlight import scan_range
+
+    _write(tmp_path / "d.svm", n=200, unsorted_every=9)
+    text = (tmp_path / "d.svm").read_text()
+    (tmp_path / "e.svm").write_text(text.rstrip("\n") + "\r\n# end\n3 1:1")
+    for name in ("d.svm", "e.svm"):
+        path = str(tmp_path / name)
+        for blocksize in (1, 50, 400, 10**9):
+            for r in byte_ranges(path, blocksize):
+                assert scan_range(path, r, False, 12) == (len(read_range(path, r, 12, False)[1]), 12)

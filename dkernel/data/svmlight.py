@@ -162,10 +162,34 @@ def _line_number(path: str, pos: int) -> int:
     return count + 1
 
 
-def scan_range(path: str, rng: Range, zero_based: bool) -> tuple[int, int]:
-    """(rows, width) of one range: the first of the two passes."""
-    X, y = read_range(path, rng, None, zero_based)
-    return len(y), X.shape[1]
+def scan_range(path: str, rng: Range, zero_based: bool,
+               n_features: int | None = None) -> tuple[int, int]:
+    """(rows, width) of one range: the first of the two passes.  With
+    ``n_features`` known only the data lines are counted (no number is
+    parsed; errors surface in the second pass, still named by line)."""
+    if n_features is None:
+        X, y = read_range(path, rng, None, zero_based)
+        return len(y), X.shape[1]
+    offset, length = rng
+    start = 0 if offset == 0 else offset + 1  # the ranges are cut at line starts
+    end = offset + length + 1 if length > 0 else None
+    rows, tail = 0, b""
+    with _open_bytes(path) as f:
+        if start:
+            f.seek(start)
+        left = None if end is None else end - start
+        while left is None or left > 0:
+            block = f.read(1 << 24 if left is None else min(1 << 24, left))
+            if not block:
+                break
+            if left is not None:
+                left -= len(block)
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+            rows += sum(1 for line in lines if line.split(b"#", 1)[0].strip())
+    if tail.split(b"#", 1)[0].strip():
+        rows += 1
+    return rows, int(n_features)
 
 
 def dense_range(path: str, rng: Range, n_features: int, zero_based: bool, dtype: Any,
@@ -212,7 +236,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     ranges = byte_ranges(path, blocksize)
     with connect(client, scheduler=scheduler) as c:
         scans = c.gather(c.map(scan_range, [path] * len(ranges), ranges, zero_based=zero_based,
-                               pure=False))
+                               n_features=n_features, pure=False))
         d = width(path, scans, n_features)
         n = sum(r for r, _ in scans)
         if n == 0:
