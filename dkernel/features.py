@@ -14,6 +14,7 @@ with the frequencies w drawn from the kernel's spectral density:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -143,5 +144,32 @@ class FeatureMap:
         Z *= np.dtype(self.dtype).type(1.0 / math.sqrt(n_blocks * self.block_size))
         return Z
 
+    def weights_digest(self) -> str:
+        """SHA-256 of block 0's (W, b): what a saved model checks on load.
+
+        The blocks are regenerated from seeds, never stored, so a NumPy whose
+        normal/Cauchy/Laplace sampler draws differently (NumPy does not promise
+        these streams across versions, only the bit generator's) would rebuild
+        other features and give wrong predictions without a word."""
+        W, b = self.weights(0)
+        return hashlib.sha256(W.tobytes() + b.tobytes()).hexdigest()
+
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The map's settings plus ``weights_sha256`` (:meth:`weights_digest`)."""
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__},
+                "weights_sha256": self.weights_digest()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FeatureMap:
+        """Rebuild a saved map; refuses one whose weights this NumPy regenerates
+        differently (files written before the digest was stored are not checked)."""
+        d = dict(d)
+        saved = d.pop("weights_sha256", None)
+        fm = cls(**d)
+        if saved is not None and saved != fm.weights_digest():
+            raise ValueError(
+                f"this model's random features (seed {fm.random_state}, stream {fm.stream}) are "
+                f"regenerated differently by NumPy {np.__version__}, so its predictions would be "
+                "wrong; load it with the NumPy version that saved it (`dkernel info MODEL` shows "
+                "it) or refit")
+        return fm

@@ -187,3 +187,26 @@ def test_divergence_that_halving_cannot_fix_stops_with_one_line_naming_the_setti
         DSGRegressor(bandwidth=0.5, n_features=256, n_epochs=2, batch_size=256,
                      step_size=1e12, client=client).fit(X, y)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 0.9])
+def test_average_is_the_mean_of_every_iterate(alpha):
+    # The O(changed coefficients) bookkeeping must give exactly (1/t) sum_i f_i,
+    # also across the scale folds (alpha 0.9 with gamma 1 shrinks the scale 10x a
+    # step) and the wrap of the block pool (12 passes over 5 blocks).
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.dsg import DSGProgram
+    from dkernel.solvers.targets import TargetEncoding
+
+    fm = FeatureMap("gaussian", 1.0, 3, 8)
+    prog = DSGProgram(fm, "squared", TargetEncoding("regression", offset=(0.0,)), n_blocks=5,
+                      alpha=alpha, step_size=1.0, step_decay=0.0, average=True)
+    rng = np.random.default_rng(0)
+    state, iterates, folds = prog.init_state(), [], 0
+    for t in range(60):
+        state = prog.update(state, {"grad": rng.standard_normal((8, 1)), "count": 4}, t)
+        folds += state["scale"] == 1.0 and t > 0
+        iterates.append(state["coef"] * state["scale"])
+    assert alpha < 0.5 or folds >= 10
+    np.testing.assert_allclose(prog.averaged(state), np.mean(iterates, axis=0), rtol=1e-9,
+                               atol=1e-12 * np.abs(iterates).max())

@@ -76,3 +76,35 @@ def test_nonsensical_bandwidth_is_rejected_with_its_value(bad):
 def test_unknown_kernel_names_the_choices():
     with pytest.raises(ValueError, match="gaussian, laplacian, cauchy"):
         FeatureMap("rbf", 1.0, 3, 32)
+
+
+@pytest.mark.parametrize("kernel, digest", [
+    ("gaussian", "a7507a60eb065a6befe9dd111bbe9df96628a8102d5c096f8d4b5454d49e81b6"),
+    ("laplacian", "9a0f6724fcda7d411fdeaad8e3994e5b11d075b392c7807fcaf832b4a3f87bb0"),
+    ("cauchy", "823d921c205d1d375c909c5b85b857465c48ab985b8cf2f28762bdcfaa310460"),
+])
+def test_weights_are_the_ones_every_saved_model_was_drawn_with(kernel, digest):
+    # Golden digests recorded with NumPy 2.x (Philox + SeedSequence).  NumPy keeps
+    # the bit generator's stream but not its samplers' across versions; should a
+    # new NumPy draw other normals, saved models would predict with other
+    # features.  This fails first, in CI; load_model refuses such a file.
+    assert FeatureMap(kernel, 1.5, 7, 64, random_state=42).weights_digest() == digest
+
+
+def test_a_model_whose_features_regenerate_differently_is_refused(client, tmp_path):
+    import json
+
+    from dkernel import DSGRegressor, load_model, save_model
+    from dkernel.io import read_npz, write_npz_atomic
+
+    X = np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32)
+    m = DSGRegressor(bandwidth=1.0, n_features=64, n_epochs=1, client=client).fit(X, X[:, 0])
+    save_model(m, tmp_path / "m.npz")
+    assert load_model(tmp_path / "m.npz").features_ == m.features_
+    arrays, meta = read_npz(tmp_path / "m.npz")
+    meta = json.loads(json.dumps(meta))
+    meta["features"]["weights_sha256"] = "0" * 64  # what another sampler would give
+    write_npz_atomic(tmp_path / "bad.npz", arrays, {k: v for k, v in meta.items()
+                                                    if k not in ("format", "format_version", "versions")})
+    with pytest.raises(ValueError, match="regenerated differently by NumPy .* load it with the NumPy"):
+        load_model(tmp_path / "bad.npz")

@@ -68,6 +68,7 @@ def _build_dsg(args: argparse.Namespace) -> Any:
                 ("batch_size", "batch_size"),
                 ("alpha", "alpha"),
                 ("loss", "loss"),
+                ("average", "average"),
                 ("block_size", "block_size"),
                 ("step_size", "step_size"),
                 ("step_decay", "step_decay"),
@@ -343,6 +344,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         default=None,
         help="kcca, ksvd (required): the store's y array is the second view",
+    )
+    g.add_argument(
+        "--average",
+        action="store_true",
+        default=None,
+        help="dsg: keep the average of all iterates, (1/t) sum f_i, as the model "
+        "(Dai et al.'s O(1/t) figure is of it; default: the last iterate)",
     )
     g.add_argument(
         "--preconditioner",

@@ -340,7 +340,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         self._set_fitted(
-            FeatureMap(**meta["features"]),
+            FeatureMap.from_dict(meta["features"]),
             arrays["components"],
             arrays["mean"],
             arrays["explained_variance"],
@@ -519,7 +519,7 @@ class _TwoViewBase(_ComponentsBase):
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         self._set_fitted(
-            tuple(FeatureMap(**f) for f in meta["features"]),
+            tuple(FeatureMap.from_dict(f) for f in meta["features"]),
             (arrays["x_components"], arrays["y_components"]),
             (arrays["x_mean"], arrays["y_mean"]),
             arrays["values"],

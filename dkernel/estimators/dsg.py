@@ -118,6 +118,12 @@ _DOC_PARAMS = """
         epoch's coefficients (as :class:`EigenProClassifier` does).
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=2
+    average : bool, default=False
+        Return the average of all iterates, (1/t) sum_i f_i, instead of the
+        last one, as scikit-learn's ``SGDRegressor(average=True)``; Dai et
+        al.'s O(1/t) figure (Fig. 4(2)) is of this average.  It costs
+        O(coefficients changed) a step: one block without the
+        preconditioner, all D with it.
 """
 
 _DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
@@ -134,6 +140,11 @@ _DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : resolved settings
 """
 
 
+def _coef(program: DSGProgram, state: dict) -> np.ndarray:
+    """The model's coefficients: the averaged iterate with ``average=True``."""
+    return program.averaged(state) if program.average else state["coef"] * state["scale"]
+
+
 class _DSGBase(BaseEstimator):
     _task = ""
     _default_loss = ""
@@ -146,7 +157,8 @@ class _DSGBase(BaseEstimator):
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
                  resume: bool = False, early_stopping: bool = False,
-                 validation_fraction: float = 0.1, n_iter_no_change: int = 2) -> None:
+                 validation_fraction: float = 0.1, n_iter_no_change: int = 2,
+                 average: bool = False) -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
         self.n_features = n_features
@@ -168,9 +180,12 @@ class _DSGBase(BaseEstimator):
         self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
+        self.average = average
 
     def _check_params(self) -> None:
         check_common_params(self)
+        if not isinstance(self.average, (bool, np.bool_)):
+            raise ValueError(f"average must be True or False, got {self.average!r}")
         check_positive("block_size", self.block_size, integer=True)
         if self.step_size != "auto":
             check_positive("step_size", self.step_size)
@@ -244,14 +259,15 @@ class _DSGBase(BaseEstimator):
                 else:
                     self.step_size_ = float(self.step_size)
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
-                                     self.step_size_, float(self.step_decay))
+                                     self.step_size_, float(self.step_decay),
+                                     average=bool(self.average))
             monitor = self._epoch_monitor(engine, program, val, features, encoding)
             state = engine.run_steps(
                 data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
                 random_state=self.random_state_, on_epoch=monitor)
             self.step_backoffs_ = list(engine.backoffs)
             state = self._keep_history(monitor, state)
-        self._set_fitted(features, encoding, state["coef"] * state["scale"])
+        self._set_fitted(features, encoding, _coef(program, state))
         return self
 
     def _preconditioned_program(self, engine: Engine, data: Any, features: FeatureMap,
@@ -278,7 +294,8 @@ class _DSGBase(BaseEstimator):
             self.step_size_ = float(self.step_size)
         return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha), self.step_size_,
                           float(self.step_decay), preconditioner=pre, beta=beta,
-                          batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1)
+                          batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
+                          average=bool(self.average))
 
     # history and early stopping (dkernel.estimators.history) --------------------
     def _epoch_monitor(self, engine: Engine, program: DSGProgram, val: Any, features: FeatureMap,
@@ -288,7 +305,7 @@ class _DSGBase(BaseEstimator):
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
-                coef = (state["coef"] * state["scale"]).astype(features.dtype)
+                coef = _coef(program, state).astype(features.dtype)
                 spec = {"features": features, "coef": coef}
                 return validation_score(engine, val, self._task, _decision_spec, spec,
                                         encoding.classes, encoding.offset)
@@ -337,7 +354,7 @@ class _DSGBase(BaseEstimator):
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
                              tuple(arrays["offset"].tolist()))
-        self._set_fitted(FeatureMap(**meta["features"]), enc, arrays["coef"])
+        self._set_fitted(FeatureMap.from_dict(meta["features"]), enc, arrays["coef"])
         for k in _RESOLVED:
             if k in meta:
                 setattr(self, k, meta[k])

@@ -503,7 +503,7 @@ class _EigenProBase(BaseEstimator):
             self.n_rows_used_ = meta.get("n_rows_used", self.n_centers_)
             self.alpha_ = meta.get("alpha")
         else:
-            self.features_ = FeatureMap(**meta["features"])
+            self.features_ = FeatureMap.from_dict(meta["features"])
         self.encoding_ = enc
         self.bandwidth_ = meta["bandwidth"]
         self.n_features_in_ = meta["n_features_in"]

@@ -108,7 +108,7 @@ class PoolEstimator(BaseEstimator):
                  **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        self.features_ = FeatureMap(**meta["features"])
+        self.features_ = FeatureMap.from_dict(meta["features"])
         self.n_blocks_ = int(meta["n_blocks"])
         self.coef_ = arrays["coef"]
         self.step_size_ = meta["step_size_"]

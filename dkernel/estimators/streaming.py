@@ -230,7 +230,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         V = arrays["components"]
         self._set_fitted(
-            FeatureMap(**meta["features"]),
+            FeatureMap.from_dict(meta["features"]),
             meta["n_blocks"],
             V,
             arrays["explained_variance"],

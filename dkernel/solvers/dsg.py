@@ -158,6 +158,9 @@ class DSGProgram(StepProgram):
     batch_size: int = 1
     #: keep feature blocks in the worker cache (worth it when epochs revisit them)
     cache_blocks: bool = True
+    #: also keep the average of the iterates, f_avg = (1/t) sum_i f_i (Dai et al.
+    #: Fig. 4(2) plots it): see :meth:`averaged`
+    average: bool = False
 
     partial = staticmethod(dsg_partial)
     wants_chunk = True
@@ -165,7 +168,28 @@ class DSGProgram(StepProgram):
 
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
-        return {"coef": np.zeros((D, self.encoding.n_outputs)), "scale": 1.0}
+        state = {"coef": np.zeros((D, self.encoding.n_outputs)), "scale": 1.0}
+        if self.average:
+            # f_i = s_i C_i (scale s_i, stored coef C_i = sum_{k<=i} delta_k), so
+            # sum_{i<=t} f_i = P_t C_t - sum_k delta_k P_{k-1} with P_i = sum_{k<=i} s_k:
+            # the average costs O(changed coefficients) a step, like the update
+            # (P C and the sum of delta P cancel to the real sum, so the scale is
+            # folded into C, and the sum so far banked, whenever it falls below
+            # _AVERAGE_FOLD: C then never exceeds ~1000x the model's size)
+            state.update({"avg_P": 0.0, "avg_A": np.zeros_like(state["coef"]), "avg_n": 0,
+                          "avg_bank": np.zeros_like(state["coef"])})
+        return state
+
+    def averaged(self, state: dict[str, Any]) -> np.ndarray:
+        """(1/t) sum_{i<=t} f_i as one coefficient vector (``average=True``)."""
+        n = max(int(state["avg_n"]), 1)
+        return (state["avg_bank"] + state["avg_P"] * state["coef"] - state["avg_A"]) / n
+
+    def _accumulate(self, state: dict, delta: np.ndarray, rows: slice, scale: float) -> dict:
+        """Record step t's change ``delta`` of coef[rows], then s_t = ``scale``."""
+        A = state["avg_A"]
+        A[rows] += delta * state["avg_P"]
+        return {"avg_P": state["avg_P"] + scale, "avg_A": A, "avg_n": int(state["avg_n"]) + 1}
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         B = self.features.block_size
@@ -188,16 +212,25 @@ class DSGProgram(StepProgram):
             gamma *= (eigenpro_step(m, self.beta, P.new_top)
                       / eigenpro_step(self.batch_size, self.beta, P.new_top))
             D = coef.shape[0]
-            coef *= state["scale"]
-            coef -= gamma * P.apply(total["grad"] / (m * D) + self.alpha * coef)
-            return {**state, "coef": coef, "scale": 1.0}
+            coef *= state["scale"]  # 1 in this mode
+            delta = -gamma * P.apply(total["grad"] / (m * D) + self.alpha * coef)
+            coef += delta
+            avg = self._accumulate(state, delta, slice(None), 1.0) if self.average else {}
+            return {**state, "coef": coef, "scale": 1.0, **avg}
         scale = state["scale"] * (1.0 - gamma * self.alpha)
         i = step % self.n_blocks
-        coef[i * B : (i + 1) * B] -= (gamma / B) * (total["grad"] / m) / scale
-        if scale < 1e-30:  # fold the scale in before it underflows; O(D) and rare
+        rows = slice(i * B, (i + 1) * B)
+        delta = -(gamma / B) * (total["grad"] / m) / scale
+        coef[rows] += delta
+        avg = self._accumulate(state, delta, rows, scale) if self.average else {}
+        if scale < (_AVERAGE_FOLD if self.average else 1e-30):
+            # fold the scale in before it underflows; O(D) and rare
+            if self.average:  # bank the sum so far; P and A restart with s = 1
+                avg["avg_bank"] = state["avg_bank"] + avg["avg_P"] * coef - avg["avg_A"]
+                avg["avg_P"], avg["avg_A"] = 0.0, np.zeros_like(coef)
             coef *= scale
             scale = 1.0
-        return {**state, "coef": coef, "scale": scale}
+        return {**state, "coef": coef, "scale": scale, **avg}
 
     def divergence_hint(self) -> str:
         return (f"set a smaller step_size (now {self.step_size:.3g}) or a larger bandwidth "
@@ -209,8 +242,13 @@ class DSGProgram(StepProgram):
                 "encoding": [self.encoding.kind, list(map(_plain, self.encoding.classes)),
                              list(map(float, self.encoding.offset))],
                 "n_blocks": self.n_blocks, "alpha": self.alpha, "step_size": self.step_size,
-                "step_decay": self.step_decay,
+                "step_decay": self.step_decay, "average": self.average,
                 "preconditioner": None if P is None else [P.q, P.tau, float(f"{np.sum(P.values):.8g}")]}
+
+
+#: With ``average``, the scale is folded into the coefficients once it falls
+#: below this (an O(D) step; every ~7 / (gamma nu) steps).
+_AVERAGE_FOLD = 1e-3
 
 
 def _plain(v: Any) -> Any:
