@@ -106,7 +106,8 @@ def _read_range_python(path: str, rng: Range, n_features: int | None, zero_based
                 break
             tokens = raw.decode("utf-8", errors="replace").split("#", 1)[0].split()
             if tokens:
-                row = _parse_line(tokens, base, n_features, lambda: f"{path}:{_line_number(path, start)}")
+                row = _parse_line(tokens, base, n_features,
+                                  lambda at=start: f"{path}:{_line_number(path, at)}")
                 labels.append(row[0])
                 indices.extend(row[1])
                 values.extend(row[1].values())
@@ -114,7 +115,8 @@ def _read_range_python(path: str, rng: Range, n_features: int | None, zero_based
             if end != -1 and f.tell() > end:
                 break
     width = n_features if n_features is not None else (max(indices) + 1 if indices else 0)
-    X = scipy.sparse.csr_matrix((np.asarray(values, dtype=dtype), np.asarray(indices, dtype=np.int64),
+    X = scipy.sparse.csr_matrix((np.asarray(values, dtype=dtype),
+                                 np.asarray(indices, dtype=np.int64),
                                  np.asarray(indptr, dtype=np.int64)), shape=(len(labels), width))
     return X, np.asarray(labels, dtype=np.float64)
 
@@ -244,7 +246,8 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         if chunk_rows is None:
             chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, (32 * 2**20) // (d * dtype.itemsize)))
         check_positive("chunk_rows", chunk_rows, integer=True)
-        parts = [dask.delayed(dense_range, nout=2, pure=False)(path, rng, d, zero_based, dtype, y_dtype)
+        read = dask.delayed(dense_range, nout=2, pure=False)
+        parts = [read(path, rng, d, zero_based, dtype, y_dtype)
                  for rng, (rows, _) in zip(ranges, scans) if rows]
         rows = [r for r, _ in scans if r]
         X = da.concatenate([da.from_delayed(p[0], (r, d), dtype) for p, r in zip(parts, rows)])

@@ -491,7 +491,8 @@ def _time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
 def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool) -> None:
     """Say why an epoch was slow: logged at INFO always, printed when verbose."""
     idle = entry["seconds"] - entry["compute_seconds"] / lanes
-    text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {entry['rows'] / max(entry['seconds'], 1e-9):,.0f} rows/s; "
+    rate = entry["rows"] / max(entry["seconds"], 1e-9)
+    text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {rate:,.0f} rows/s; "
             f"lanes busy {100 * entry['busy']:.0f}% ({entry['compute_seconds']:.1f} s of compute "
             f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
             f"{entry['update_seconds']:.1f} s, the rest went to chunk reads, scheduling and "
