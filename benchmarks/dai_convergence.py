@@ -17,8 +17,11 @@ noiseless target (nu is negligible), for the averaged iterate
 for the last one.  It prints the errors and the slopes of log error against
 log t; the paper's is -1.
 
-    python benchmarks/dai_convergence.py
-    python benchmarks/dai_convergence.py --steps 16 32 64 128 256 512 --theta 20
+    python benchmarks/dai_convergence.py                              # ~2 min
+    python benchmarks/dai_convergence.py --batch 1024 --block 1024     # the paper's sizes, ~10 min
+
+Measured on the 2-core VM, t = 16..256: slopes -0.53 (averaged) / -0.48
+(last) at 2^8, and -0.81 / -0.73 at the paper's 2^10.
 """
 
 from __future__ import annotations
