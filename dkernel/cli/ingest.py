@@ -21,7 +21,8 @@ from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
 # rather than silently ignored.
 _FORMAT_OPTIONS = {
     "labels": ("idx", "npy"), "no_scale": ("idx",), "target": ("csv", "parquet"),
-    "no_target": ("csv", "parquet"), "parallel": ("csv", "libsvm"), "header": ("csv",), "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
+    "no_target": ("csv", "parquet"), "parallel": ("csv", "libsvm"), "header": ("csv",),
+    "delimiter": ("csv",), "n_inputs": ("libsvm",), "zero_based": ("libsvm",),
 }
 _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "comma": ",",
                "semicolon": ";"}
@@ -145,11 +146,9 @@ def _check_options(args: argparse.Namespace, fmt: str) -> None:
 def _large(path: str) -> bool:
     """Worth parsing on the workers: an uncompressed file over 64 MB (a gzip
     stream cannot be entered at an offset, so it is read in one piece anyway)."""
-    if not os.path.isfile(path):
-        return False
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return not gz and os.path.getsize(path) > _PARALLEL_BYTES
+    from dkernel.data.ingest import is_gzip
+
+    return os.path.isfile(path) and not is_gzip(path) and os.path.getsize(path) > _PARALLEL_BYTES
 
 
 #: Files above this size are parsed on the workers (one byte range per task).

@@ -28,7 +28,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from dkernel.data.store import DEFAULT_CHUNK_ROWS, atomic_store, create_array
+from dkernel.data.store import atomic_store, create_array, default_chunk_rows
+from dkernel.data.store import check_out as _check_out
 from dkernel.data.validate import check_numeric_dtype, check_positive
 
 __all__ = [
@@ -42,10 +43,6 @@ _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"
                   "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
 FORMATS = ("idx", "npy", "csv", "libsvm", "parquet")
-
-# Default chunks hold at most ~32 MB of X (as in dkernel.data.dataset) and at
-# most DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
-_CHUNK_BYTES = 32 * 2**20
 
 # idx type byte -> big-endian dtype (LeCun's MNIST page).
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -352,8 +349,7 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
     if src.n_inputs == 0:
         raise IngestError(f"{src.attrs.get('source')}: rows have no columns; nothing to ingest")
     if chunk_rows is None:
-        row_bytes = max(1, src.n_inputs * dtype.itemsize)
-        chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, _CHUNK_BYTES // row_bytes))
+        chunk_rows = default_chunk_rows(src.n_inputs, dtype)
     check_positive("chunk_rows", chunk_rows, integer=True)
     X = create_array(group, "X", (chunk_rows, src.n_inputs), dtype, chunk_rows)
     # y_auto: labels go to a float64 side array first (exact for integers up
@@ -390,13 +386,6 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
     return n
 
 
-def _check_out(out: PathLike, overwrite: bool) -> None:
-    out = os.fspath(out)
-    if not overwrite and "://" not in out and os.path.exists(out):
-        raise FileExistsError(f"{out} already exists; remove it, choose another --out, "
-                              "or pass --overwrite (overwrite=True)")
-
-
 def _missing_parents(path: str) -> list[str]:
     """Ancestors of ``path`` that do not exist yet, deepest first (to clean up on failure)."""
     if "://" in path:
@@ -424,9 +413,13 @@ def _open_bytes(path: PathLike) -> IO[bytes]:
     if not os.path.isfile(path):
         what = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
         raise FileNotFoundError(f"{path}: {what}")
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
+
+
+def is_gzip(path: PathLike) -> bool:
+    """Whether the file's first bytes are gzip's magic number (whatever its name)."""
     with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gz else open(path, "rb")  # type: ignore[return-value]
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _open_text(path: PathLike) -> IO[str]:

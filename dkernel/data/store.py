@@ -13,6 +13,24 @@ from typing import Any
 import numpy as np
 
 DEFAULT_CHUNK_ROWS = 8192
+#: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
+#: and DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
+CHUNK_BYTES = 32 * 2**20
+
+
+def default_chunk_rows(n_inputs: int, dtype: Any) -> int:
+    """Rows of an ingested chunk when none are given: at most
+    ``DEFAULT_CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of X."""
+    row_bytes = max(1, int(n_inputs) * np.dtype(dtype).itemsize)
+    return max(1, min(DEFAULT_CHUNK_ROWS, CHUNK_BYTES // row_bytes))
+
+
+def check_out(out: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an existing local output unless ``overwrite`` (before any work)."""
+    out = os.fspath(out)
+    if not overwrite and "://" not in out and os.path.exists(out):
+        raise FileExistsError(f"{out} already exists; remove it, choose another --out, "
+                              "or pass --overwrite (overwrite=True)")
 
 
 @contextmanager

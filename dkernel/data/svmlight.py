@@ -19,14 +19,14 @@ error.  Gzipped files cannot be entered at an offset, so they are one range.
 
 from __future__ import annotations
 
-import gzip
 import os
 from typing import Any
 
 import numpy as np
 import scipy.sparse
 
-from dkernel.data.ingest import IngestError, _check_out, _open_bytes
+from dkernel.data.ingest import IngestError, _open_bytes, is_gzip
+from dkernel.data.store import check_out as _check_out
 
 #: Bytes of text per range: a range's rows are densified in one task, so
 #: this bounds a task's memory (16 MB of text is ~0.5M rows of a dense
@@ -48,10 +48,9 @@ def byte_ranges(path: str, blocksize: int = _BLOCK) -> list[Range]:
     range given as ``(s - 1, next s - s)``: the dropped "line" is the newline
     before s.
     """
-    with _open_bytes(path) as f:
-        gz = isinstance(f, gzip.GzipFile)
+    _open_bytes(path).close()  # a missing file or a folder: its own error
     size = os.path.getsize(path)
-    if gz or size <= blocksize:
+    if is_gzip(path) or size <= blocksize:
         return [(0, -1)]
     starts = []
     with open(path, "rb") as f:
@@ -227,7 +226,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     import dask
     import dask.array as da
 
-    from dkernel.data.store import DEFAULT_CHUNK_ROWS, atomic_store, create_array
+    from dkernel.data.store import atomic_store, create_array, default_chunk_rows
     from dkernel.data.validate import check_positive
     from dkernel.engine import connect
 
@@ -244,7 +243,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         if n == 0:
             raise IngestError(f"{path}: no data rows; nothing to ingest")
         if chunk_rows is None:
-            chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, (32 * 2**20) // (d * dtype.itemsize)))
+            chunk_rows = default_chunk_rows(d, dtype)
         check_positive("chunk_rows", chunk_rows, integer=True)
         read = dask.delayed(dense_range, nout=2, pure=False)
         parts = [read(path, rng, d, zero_based, dtype, y_dtype)

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.store import DEFAULT_CHUNK_ROWS, atomic_store, create_array
+from dkernel.data.store import atomic_store, create_array, default_chunk_rows
+from dkernel.data.store import check_out as _check_out
 
 __all__ = ["ingest_parquet", "ingest_csv_parallel"]
 
@@ -30,7 +31,6 @@ __all__ = ["ingest_parquet", "ingest_csv_parallel"]
 # (scheduling costs ~ms) yet each worker's memory at a few hundred MB.
 _CSV_BLOCK = 64 * 2**20
 _PARQUET_BLOCK = 64 * 2**20
-_CHUNK_BYTES = 32 * 2**20
 
 
 def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
@@ -96,7 +96,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
                               f"({_schema_text(part.schema)} vs {_schema_text(schema)})")
     dtype = np.dtype(dtype)
     if chunk_rows is None:
-        chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, _CHUNK_BYTES // (len(x_cols) * dtype.itemsize)))
+        chunk_rows = default_chunk_rows(len(x_cols), dtype)
     check_positive("chunk_rows", chunk_rows, integer=True)
     n = sum(part.n_rows for part in parts)
     if n == 0:
@@ -284,13 +284,6 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check_out(out: str | os.PathLike, overwrite: bool) -> None:
-    out = os.fspath(out)
-    if not overwrite and "://" not in out and os.path.exists(out):
-        raise FileExistsError(f"{out} already exists; remove it, choose another --out, "
-                              "or pass --overwrite (overwrite=True)")
-
-
 def _target_column(columns: list[str], target: int | str | None, path: str) -> str | None:
     from dkernel.data.ingest import IngestError
 
@@ -332,7 +325,7 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
                               "drop it before ingesting")
     dtype = np.dtype(dtype)
     if chunk_rows is None:
-        chunk_rows = max(1, min(DEFAULT_CHUNK_ROWS, _CHUNK_BYTES // (len(x_cols) * dtype.itemsize)))
+        chunk_rows = default_chunk_rows(len(x_cols), dtype)
     check_positive("chunk_rows", chunk_rows, integer=True)
     attrs = {"source": path, "format": fmt, "columns": x_cols}
     if t is not None:
