@@ -24,6 +24,33 @@ def namespace(x: Any) -> ModuleType:
     return np
 
 
+#: Arrays a worker receives over the network can start at any byte of the
+#: message buffer (distributed packs a message's frames back to back), even off
+#: their itemsize.  OpenBLAS ran at half speed on such an operand: 2.6 s vs 1.3 s
+#: for a (1024 x 784) @ (784 x 60000) float32 product on one core.  16 bytes is
+#: what NumPy's own allocations give.
+_ALIGNMENT = 16
+
+
+def aligned(a: Any) -> Any:
+    """``a``, or an aligned copy when ``a`` is a NumPy array that starts off a
+    16-byte boundary (see ``_ALIGNMENT``); anything else unchanged."""
+    if isinstance(a, np.ndarray) and a.ctypes.data % _ALIGNMENT:
+        return a.copy(order="K")
+    return a
+
+
+def align_arrays(d: dict) -> dict:
+    """Replace, in place, the misaligned NumPy values of ``d`` by aligned copies.
+
+    In place on purpose: a payload broadcast once to a worker is the same
+    object in every task there, so the copy is made once, not once per task."""
+    for k, v in d.items():
+        if isinstance(v, np.ndarray) and v.ctypes.data % _ALIGNMENT:
+            d[k] = aligned(v)
+    return d
+
+
 def asarray_like(a: np.ndarray, like: Any) -> Any:
     """``a`` (a NumPy array) moved to the backend of ``like``."""
     xp = namespace(like)

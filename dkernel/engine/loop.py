@@ -33,6 +33,7 @@ import dask
 import numpy as np
 from distributed import Client, Future, wait
 
+from dkernel.backend import align_arrays, aligned
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan
 from dkernel.data.validate import check_finite_chunk
@@ -79,11 +80,18 @@ def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> 
     return X.astype(dtype, copy=False), y
 
 
+def _aligned_chunk(chunk: tuple[Any, Any]) -> tuple[Any, Any]:
+    return aligned(chunk[0]), aligned(chunk[1])
+
+
 def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None,
                  key: Any = None, constants: dict | None = None, run: Any = None) -> dict:
-    X, y = chunk
+    # (in-memory chunks are realigned once when scattered, so this copies nothing there)
+    X, y = aligned(chunk[0]), aligned(chunk[1])
+    if isinstance(payload, dict):
+        align_arrays(payload)
     if constants is not None:  # step-independent arrays, shipped once per run (StepProgram.constants)
-        payload = {**payload, **constants}
+        payload = {**payload, **align_arrays(constants)}
     if key is not None:
         return fn(payload, Chunk(X, y, rows, key, run))
     if rows is not None:
@@ -168,6 +176,8 @@ class _ChunkSource:
         parts = [(Xh[a:b].astype(self.dtype, copy=False), None if yh is None else yh[a:b])
                  for a, b in zip(self.offsets[:-1], self.offsets[1:])]
         futs = self.client.scatter(parts, hash=False)
+        # copied once where they landed: a scattered array can arrive off its alignment
+        futs = self.client.map(_aligned_chunk, futs, pure=False)
         self._resident = dict(enumerate(futs))
 
     def refresh(self) -> None:
