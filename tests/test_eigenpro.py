@@ -194,10 +194,15 @@ def test_cached_and_streamed_kernel_rows_give_the_same_model(client):
     a = EigenProRegressor(kernel_cache="float32", **kw).fit(X, y).coef_
     b = EigenProRegressor(kernel_cache="off", **kw).fit(X, y).coef_
     c = EigenProRegressor(kernel_cache="bfloat16", **kw).fit(X, y).coef_
+    d = EigenProRegressor(kernel_cache="fixed16", **kw).fit(X, y).coef_
     # same float32 kernel rows, only tiled differently: BLAS rounding only
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * np.abs(a).max())
     # bfloat16 rows (8-bit mantissa, relative error <= 2^-9): a close model
     assert np.linalg.norm(c - a) / np.linalg.norm(a) < 0.05
+    # fixed16 rows (absolute error <= 2^-17 on k in [0, 1]): 64x closer than bfloat16's
+    # bound near k = 1, so the model must be far closer too
+    err_fixed = np.linalg.norm(d - a) / np.linalg.norm(a)
+    assert err_fixed < 5e-3 and err_fixed < np.linalg.norm(c - a) / np.linalg.norm(a) / 4
 
 
 def test_classifier_kernel_and_feature_forms_with_early_stopping(client):
@@ -250,6 +255,13 @@ def test_fewer_centers_than_rows_fits_every_row_to_the_dense_nystrom_solution(cl
     mse = np.mean((K @ model.coef_[:, 0] - (y - y.mean())) ** 2)
     assert model.history_[-1]["loss"] == pytest.approx(mse, rel=1e-3)
     assert model.history_[-1]["residual"] < 1e-3 and len(model.history_) == 20
+    # fixed16 kernel rows (absolute error <= 2^-17) reach the same solution within
+    # the float32 result's own tolerance
+    f16 = EigenProRegressor(bandwidth=0.4, n_centers=150, alpha=1e-3, n_epochs=20,
+                            kernel_cache="fixed16", client=client).fit(Xd, yd)
+    assert f16.kernel_cache_ == "fixed16"
+    f_16 = Kt @ f16.coef_[:, 0]
+    assert np.linalg.norm(f_16 - f_ref) / np.linalg.norm(f_ref) < 2e-3
 
 
 def test_default_centers_above_the_all_rows_limit_use_every_row(client, monkeypatch):

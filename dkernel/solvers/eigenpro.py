@@ -48,7 +48,15 @@ from dkernel.solvers.targets import TargetEncoding
 
 #: Rows per kernel tile: a (tile x p) float32 slab stays a few tens of MB.
 _TILE_ROWS = 128
-CACHE_MODES = ("float32", "bfloat16", "off")
+CACHE_MODES = ("float32", "fixed16", "bfloat16", "off")
+#: fixed16 stores k in [0, 1] (every kernel here) as round(k * 65535): absolute
+#: error <= 2^-17, where bfloat16's is up to 2^-9 near k = 1.
+FIXED16_SCALE = 65535.0
+
+
+def cache_scale(mode: str) -> float:
+    """Factor that turns a decoded cached kernel row into k (fixed16 rows stay integers)."""
+    return 1.0 / FIXED16_SCALE if mode == "fixed16" else 1.0
 
 
 # --- step size and batch (DESIGN 2.4) ----------------------------------------------
@@ -210,7 +218,7 @@ def _pack_bf16(K: Any, out: Any) -> None:
 
 
 def fill_kernel_rows(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) -> Any:
-    """K(X, C) for a whole chunk, tile by tile, stored as float32 or packed bfloat16."""
+    """K(X, C) for a whole chunk, tile by tile, stored as float32, fixed16 or packed bfloat16."""
     xp = namespace(X)
     n, p = X.shape[0], C.shape[0]
     out = xp.empty((n, p), dtype=np.float32 if mode == "float32" else np.uint16)
@@ -218,18 +226,24 @@ def fill_kernel_rows(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, m
         j = min(n, i + _TILE_ROWS)
         if mode == "float32":
             kernel_into(X[i:j], C, C_sq, kernel, bandwidth, out[i:j])
+            continue
+        T = _buffer("tile", (j - i, p), np.float32, X)
+        kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T)
+        if mode == "fixed16":
+            T *= np.float32(FIXED16_SCALE)
+            T += np.float32(0.5)  # the cast truncates: +0.5 rounds k * 65535 >= 0
+            out[i:j] = T
         else:
-            T = _buffer("tile", (j - i, p), np.float32, X)
-            kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T)
             _pack_bf16(T, out[i:j])
     return out
 
 
-def _gather_rows(full: Any, rows: Any, out: Any) -> Any:
-    """out[i] = full[rows[i]] (decoding bfloat16); a row loop copies at memory
-    speed into the reused buffer where fancy indexing would allocate."""
+def _gather_rows(full: Any, rows: Any, out: Any, mode: str) -> Any:
+    """out[i] = full[rows[i]] (decoding bfloat16; fixed16 stays k * 65535, see
+    :func:`cache_scale`); a row loop copies at memory speed into the reused
+    buffer where fancy indexing would allocate."""
     xp = namespace(out)
-    if full.dtype == np.uint16:
+    if mode == "bfloat16":
         U = out.view(np.uint32)
         if xp is np:
             for i, r in enumerate(rows):
@@ -258,6 +272,9 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     xp = namespace(chunk.X)
     a = xp.asarray(payload["coef"])
     sub = payload["sub_idx"]
+    scale = cache_scale(mode)
+    if scale != 1.0:  # fixed16 rows are k * 65535: scale a and K(S, X_b) g instead of every tile
+        a = a * np.float32(scale)
     n_c, p = chunk.X.shape[0], C.shape[0]
     rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
     full = None
@@ -275,12 +292,15 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
         if full is None:
             kernel_into(chunk.X[r], C, C_sq, kernel, bw, T)
         else:
-            _gather_rows(full, r, T)
+            _gather_rows(full, r, T, mode)
         xp.matmul(T, a, out=g[i : i + r.shape[0]])
         ks[i : i + r.shape[0]] = T[:, sub]
     g -= encoding.encode(chunk.y_rows, np.float32)
     offset = int(payload["offsets"][chunk.key[1]])
-    return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(ks.T @ g).astype(np.float64),
+    kg = _np(ks.T @ g).astype(np.float64)
+    if scale != 1.0:
+        kg *= scale
+    return {"ids": [rows + offset], "g": [_np(g)], "kg": kg,
             "loss": float(xp.sum(g * g)), "count": m}
 
 

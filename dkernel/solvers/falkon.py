@@ -42,7 +42,8 @@ from scipy.linalg import blas
 from dkernel.backend import namespace
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk
-from dkernel.solvers.eigenpro import _buffer, fill_kernel_rows, kernel_into, kernel_rows_key
+from dkernel.solvers.eigenpro import (_buffer, cache_scale, fill_kernel_rows, kernel_into,
+                                      kernel_rows_key)
 from dkernel.solvers.targets import TargetEncoding
 
 #: Jitter eps of T = chol(K_MM + eps p I).  The kernel rows are float32, so
@@ -124,6 +125,9 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
         full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
                                     lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
                                     n_c * p * itemsize, owner=chunk.run)
+    scale = cache_scale(mode)
+    if scale != 1.0:  # fixed16 rows are k * 65535: K v = U (scale v), K^T r = scale U^T r
+        v = v * np.float32(scale)
     w = xp.zeros((p, v.shape[1]), dtype=np.float32)
     sq = xp.zeros(v.shape[1], dtype=np.float64)
     r = _buffer("falkon-r", (_TILE_ROWS, v.shape[1]), np.float32, chunk.X)
@@ -135,6 +139,8 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
             K = _buffer("falkon-tile", (j - i, p), np.float32, chunk.X)
             if full is None:
                 kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K)
+            elif mode == "fixed16":
+                K[...] = full[i:j]
             else:  # packed bfloat16: the top 16 bits of each float32
                 U = K.view(np.uint32)
                 U[...] = full[i:j]
@@ -145,7 +151,10 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
             rt -= Y[i:j]
         sq += (rt.astype(np.float64) ** 2).sum(axis=0)
         w += K.T @ rt
-    return {"w": _np(w).astype(np.float64), "sq": _np(sq), "count": n_c}
+    w = _np(w).astype(np.float64)
+    if scale != 1.0:
+        w *= scale
+    return {"w": w, "sq": _np(sq), "count": n_c}
 
 
 def _np(a: Any) -> np.ndarray:
