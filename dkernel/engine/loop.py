@@ -90,7 +90,7 @@ def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.nd
     X, y = aligned(chunk[0]), aligned(chunk[1])
     if isinstance(payload, dict):
         align_arrays(payload)
-    if constants is not None:  # step-independent arrays, shipped once per run (StepProgram.constants)
+    if constants is not None:  # step-independent arrays shipped once (StepProgram.constants)
         payload = {**payload, **align_arrays(constants)}
     if key is not None:
         return fn(payload, Chunk(X, y, rows, key, run))
