@@ -63,12 +63,18 @@ class DivergenceGuard:
         self.factor = float(factor)
         self.max_backoffs = int(max_backoffs)
         self.snapshot: dict[str, Any] | None = None
+        self.snapshot_loss: float | None = None
+        #: updates applied to the state the fit goes on from (and to the snapshot)
+        self.applied = 0
+        self.snapshot_applied = 0
         #: one dict per halving: step, loss, reference, step_scale after it
         self.backoffs: list[dict[str, Any]] = []
         #: losses of the last healthy steps after the first (the fit's end state)
         self.recent: list[float] = []
 
     def start(self, state: dict[str, Any]) -> dict[str, Any]:
+        # a resumed state already carries updates (and the reference loss)
+        self.applied = self.snapshot_applied = int("guard_reference" in state)
         if getattr(self.program, "supports_backoff", False):
             state.setdefault("step_scale", 1.0)
         return state
@@ -93,6 +99,9 @@ class DivergenceGuard:
             # already drifting up (between 1x and 4x) would diverge again
             if loss is None or ref is None or loss <= ref:
                 self.snapshot = _copy_into(self.snapshot, state)
+                self.snapshot_loss = loss
+                self.snapshot_applied = self.applied
+            self.applied += 1  # the engine applies this step's update
             if loss is not None and step > 0:
                 self.recent = (self.recent + [loss])[-_RECENT:]
             return None
@@ -111,6 +120,11 @@ class DivergenceGuard:
                 f"{label} diverged at step {step} ({what}) even with its step halved "
                 f"{len(self.backoffs)} times; {hint}")
         restored = copy.deepcopy(self.snapshot)
+        # the fit goes on from the snapshot: its loss, not the undone steps', is
+        # where the end-of-fit check starts (a fit whose last step is undone back
+        # to the starting model must still warn)
+        self.recent = [] if self.snapshot_loss is None else [self.snapshot_loss]
+        self.applied = self.snapshot_applied
         restored["step_scale"] = float(restored.get("step_scale", 1.0)) * 0.5
         self.snapshot = copy.deepcopy(restored)
         self.backoffs.append({"step": int(step), "loss": loss, "reference": ref,
@@ -132,12 +146,19 @@ class DivergenceGuard:
         the state before its update, over fresh rows) stand in for the final
         model's training loss; a fit of a single step has nothing to compare.
         """
+        label = getattr(self.program, "label", "fit")
+        if self.backoffs and self.applied == 0:
+            warnings.warn(
+                f"{label}: every update was undone by the divergence guard "
+                f"({len(self.backoffs)} halvings), so the model is the starting one "
+                f"(predicting the mean or the prior); {self.program.divergence_hint()}",
+                FitQualityWarning, stacklevel=3)
+            return
         ref = state.get("guard_reference")
         if not self.recent or not ref:
             return
         last = float(np.mean(self.recent))
         if last >= ref:
-            label = getattr(self.program, "label", "fit")
             warnings.warn(
                 f"{label}: the mean training loss of the last steps {last:.4g} is no better "
                 f"than the starting model's {ref:.4g} (predicting the mean or the prior); "
