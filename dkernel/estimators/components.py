@@ -31,7 +31,6 @@ from dkernel.estimators.base import (
 from dkernel.estimators.history import EpochMonitor, history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.kernels.exact import check_kernel, kernel_matrix
-from dkernel.linalg import eigensystem
 from dkernel.solvers.components import (
     ComponentProgram,
     centred_moments,
@@ -43,7 +42,7 @@ from dkernel.solvers.components import (
     rotate_pca,
 )
 from dkernel.solvers.dsg import decision
-from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, choose_q_rf, feature_block
+from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, feature_preconditioner
 
 _DOC_COMMON = """
     kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
@@ -757,21 +756,14 @@ class KernelCCA(_TwoViewBase):
         self, client: Any, S: np.ndarray, features: FeatureMap, n_blocks: int
     ) -> FeaturePreconditioner:
         """EigenPro-RF's preconditioner (tau = 1) from the top eigenpairs of the
-        (centred) pool covariance on the sampled rows, by the distributed
-        randomized eigensolver; q is the largest with critical batch
-        beta / lambda_q + 1 <= batch_size (Ma & Belkin: larger q buys nothing
-        beyond the batch)."""
-        D = n_blocks * features.block_size
-        # a fixed number of chunks (not one per worker): sums must not depend on the cluster
-        rows = open_dataset(S, chunk_rows=math.ceil(len(S) / 16))
-        n_pairs = min(D, _PRECONDITIONER_PAIRS)
-        eig = eigensystem(Engine(client, self._engine_options()), rows, feature_block,
-                          {"features": features, "n_blocks": n_blocks}, n_pairs, D,
-                          operator="gram", center=bool(self.center),
-                          random_state=self.random_state_,
-                          label=f"kcca preconditioner (view {features.stream})")
-        q = choose_q_rf(eig.values, float(eig.row_norm_max), int(self.batch_size))
-        return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, 1.0)
+        (centred) pool covariance on the sampled rows; q is the largest with
+        critical batch beta / lambda_q + 1 <= batch_size (Ma & Belkin: larger q
+        buys nothing beyond the batch)."""
+        pre, _, _ = feature_preconditioner(
+            Engine(client, self._engine_options()), S, features, n_blocks, _PRECONDITIONER_PAIRS,
+            int(self.batch_size), 1.0, self.random_state_, center=bool(self.center),
+            dtype="float64", label=f"kcca preconditioner (view {features.stream})")
+        return pre
 
     def _initial(
         self, Xs: np.ndarray, Ys: np.ndarray, features: tuple, n_blocks: int

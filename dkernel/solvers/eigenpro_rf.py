@@ -64,15 +64,17 @@ class FeaturePreconditioner:
 def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap, n_blocks: int,
                            max_pairs: int, max_batch: int, tau: float, random_state: int,
                            q: int | None = None, label: str = "preconditioner",
+                           center: bool = False, dtype: str = "float32",
                            ) -> tuple[FeaturePreconditioner, float, Any]:
     """EigenPro-RF's preconditioner from a row subsample (Table 1, line 1).
 
     The top eigenpairs of z^T z / s over the ``s`` sampled rows (features
-    generated on the workers; products and the eigensolve in float32: the
-    eigenvalues agree with float64 to ~1e-7 of lambda_1, tests/test_scale.py), so the
-    cost depends on s and D, never on n.  q (unless given) is the largest with
-    critical batch <= ``max_batch``.  Returns (P, beta = max |z|^2 on the
-    sample, the eigensystem).
+    generated on the workers; products and the eigensolve in ``dtype``, float32
+    by default: the eigenvalues agree with float64 to ~1e-7 of lambda_1,
+    tests/test_scale.py), so the cost depends on s and D, never on n; with
+    ``center`` the covariance of z (KernelCCA's views).  q (unless given) is the
+    largest with critical batch <= ``max_batch``.  Returns (P, beta = max |z|^2
+    on the sample, the eigensystem).
     """
     from dkernel.data.dataset import open_dataset
     from dkernel.linalg import eigensystem
@@ -84,10 +86,11 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
     # the cluster: the sums, hence the model, must not depend on it; each
     # chunk's D x D partial is paged in, shipped and added, so few is cheap
     parts = int(np.clip(round(2.0 * s * D * D / _GRAM_FLOP), 2, 16))
-    rows = open_dataset(np.asarray(sample, dtype=np.float32), chunk_rows=max(1, math.ceil(s / parts)))
+    rows = open_dataset(np.asarray(sample, dtype=features.dtype),
+                        chunk_rows=max(1, math.ceil(s / parts)))
     eig = eigensystem(engine, rows, feature_block, {"features": features, "n_blocks": n_blocks},
-                      n_pairs, D, operator="gram", random_state=int(random_state), label=label,
-                      dtype="float32")
+                      n_pairs, D, operator="gram", center=center, random_state=int(random_state),
+                      label=label, dtype=dtype)
     beta = float(eig.row_norm_max)
     q = min(int(q), n_pairs - 1) if q is not None else choose_q_rf(eig.values, beta, max_batch)
     return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau), beta, eig
