@@ -22,17 +22,15 @@ m* = beta / lambda' + 1 and eta = m / beta if m < m*, else
 
 Kernel rows K(X_c, C) of the chunks a worker holds are kept in the engine's
 bounded worker cache (:mod:`dkernel.engine.cache`) when the estimator found
-that they fit the workers' budget -- in float32, or packed to bfloat16 (top 16
-bits, rounded) when only that fits -- so that after the first epoch an epoch
-is matrix-vector work; otherwise each step recomputes the rows it needs
-(streaming, O(chunk + model) memory).  Row gathers and kernel tiles go
-through per-worker reusable buffers: fresh pages are expensive (DESIGN 4).
+that they fit the workers' budget -- in float32, or as 16-bit fixed point when
+only that fits (:mod:`dkernel.solvers.kernel_rows`) -- so that after the first
+epoch an epoch is matrix-vector work; otherwise each step recomputes the rows
+it needs (streaming, O(chunk + model) memory).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,21 +40,16 @@ from dkernel.backend import namespace
 from dkernel.data.dataset import open_dataset
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
-from dkernel.kernels import kernel_matrix
 from dkernel.linalg import Eigensystem, eigensystem
+from dkernel.solvers.kernel_rows import (
+    TILE_ROWS,
+    buffer,
+    fill,
+    kernel_into,
+    rows_products,
+    stored_bytes,
+)
 from dkernel.solvers.targets import TargetEncoding
-
-#: Rows per kernel tile: a (tile x p) float32 slab stays a few tens of MB.
-_TILE_ROWS = 128
-CACHE_MODES = ("float32", "fixed16", "bfloat16", "off")
-#: fixed16 stores k in [0, 1] (every kernel here) as round(k * 65535): absolute
-#: error <= 2^-17, where bfloat16's is up to 2^-9 near k = 1.
-FIXED16_SCALE = 65535.0
-
-
-def cache_scale(mode: str) -> float:
-    """Factor that turns a decoded cached kernel row into k (fixed16 rows stay integers)."""
-    return 1.0 / FIXED16_SCALE if mode == "fixed16" else 1.0
 
 
 # --- step size and batch (DESIGN 2.4) ----------------------------------------------
@@ -176,89 +169,6 @@ class KernelPreconditioner:
         return V @ ((self.diag / s)[:, None] * (V.T @ kg))
 
 
-# --- kernel tiles written in place ---------------------------------------------------
-_local = threading.local()
-
-
-def _buffer(name: str, shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
-    """A per-thread reusable buffer of at least ``shape`` (first axis may shrink)."""
-    xp = namespace(like)
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = {}
-    key = (name, xp.__name__, shape[1:], np.dtype(dtype).str)
-    buf = bufs.get(key)
-    if buf is None or buf.shape[0] < shape[0]:
-        buf = bufs[key] = xp.empty(shape, dtype=dtype)
-    return buf[: shape[0]]
-
-
-def kernel_into(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, out: Any) -> Any:
-    """out = k(X, C) without temporaries of out's size (gaussian fused in place)."""
-    xp = namespace(X)
-    if kernel != "gaussian":
-        out[...] = kernel_matrix(X, C, kernel, bandwidth)
-        return out
-    f32 = out.dtype.type
-    xp.matmul(X, C.T, out=out)  # exp((x.c - |x|^2/2 - |c|^2/2) / s^2)
-    out -= f32(0.5) * C_sq[None, :]
-    out -= (f32(0.5) * (X * X).sum(axis=1))[:, None]
-    out *= f32(1.0 / (bandwidth * bandwidth))
-    xp.minimum(out, f32(0.0), out=out)
-    xp.exp(out, out=out)
-    return out
-
-
-def _pack_bf16(K: Any, out: Any) -> None:
-    """Round float32 to its top 16 bits (bfloat16, round-half-up; values here are >= 0)."""
-    u = K.view(np.uint32)
-    u += np.uint32(0x8000)
-    u >>= np.uint32(16)
-    out[...] = u
-
-
-def fill_kernel_rows(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) -> Any:
-    """K(X, C) for a whole chunk, tile by tile, stored as float32, fixed16 or packed bfloat16."""
-    xp = namespace(X)
-    n, p = X.shape[0], C.shape[0]
-    out = xp.empty((n, p), dtype=np.float32 if mode == "float32" else np.uint16)
-    for i in range(0, n, _TILE_ROWS):
-        j = min(n, i + _TILE_ROWS)
-        if mode == "float32":
-            kernel_into(X[i:j], C, C_sq, kernel, bandwidth, out[i:j])
-            continue
-        T = _buffer("tile", (j - i, p), np.float32, X)
-        kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T)
-        if mode == "fixed16":
-            T *= np.float32(FIXED16_SCALE)
-            T += np.float32(0.5)  # the cast truncates: +0.5 rounds k * 65535 >= 0
-            out[i:j] = T
-        else:
-            _pack_bf16(T, out[i:j])
-    return out
-
-
-def _gather_rows(full: Any, rows: Any, out: Any, mode: str) -> Any:
-    """out[i] = full[rows[i]] (decoding bfloat16; fixed16 stays k * 65535, see
-    :func:`cache_scale`); a row loop copies at memory speed into the reused
-    buffer where fancy indexing would allocate."""
-    xp = namespace(out)
-    if mode == "bfloat16":
-        U = out.view(np.uint32)
-        if xp is np:
-            for i, r in enumerate(rows):
-                U[i] = full[r]
-        else:
-            U[...] = full[rows]
-        U <<= np.uint32(16)
-    elif xp is np:
-        for i, r in enumerate(rows):
-            out[i] = full[r]
-    else:
-        out[...] = full[rows]
-    return out
-
-
 # --- worker side of a step ---------------------------------------------------------
 def kernel_rows_key(chunk_key: Any, payload: dict) -> tuple:
     return (chunk_key, payload["centers_token"], payload["cache"])
@@ -272,35 +182,28 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     xp = namespace(chunk.X)
     a = xp.asarray(payload["coef"])
     sub = payload["sub_idx"]
-    scale = cache_scale(mode)
-    if scale != 1.0:  # fixed16 rows are k * 65535: scale a and K(S, X_b) g instead of every tile
-        a = a * np.float32(scale)
     n_c, p = chunk.X.shape[0], C.shape[0]
     rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
-    full = None
-    if mode != "off":
-        itemsize = 4 if mode == "float32" else 2
-        full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
-                                    lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
-                                    n_c * p * itemsize, owner=chunk.run)
+    stored = None
+    if mode != "off":  # None as well when the worker's cache budget declines
+        stored = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+                                      lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
+                                      stored_bytes(n_c, p, mode), owner=chunk.run)
     m = rows.shape[0]
-    g = xp.empty((m, a.shape[1]), dtype=np.float32)
-    ks = xp.empty((m, sub.shape[0]), dtype=np.float32)
-    for i in range(0, m, _TILE_ROWS):
-        r = rows[i : i + _TILE_ROWS]
-        T = _buffer("tile", (r.shape[0], p), np.float32, chunk.X)
-        if full is None:
+    if stored is not None:
+        g, ks = rows_products(stored, mode, rows, a, sub)
+    else:
+        g = xp.empty((m, a.shape[1]), dtype=np.float32)
+        ks = xp.empty((m, sub.shape[0]), dtype=np.float32)
+        for i in range(0, m, TILE_ROWS):
+            r = rows[i : i + TILE_ROWS]
+            T = buffer("tile", (r.shape[0], p), np.float32, chunk.X)
             kernel_into(chunk.X[r], C, C_sq, kernel, bw, T)
-        else:
-            _gather_rows(full, r, T, mode)
-        xp.matmul(T, a, out=g[i : i + r.shape[0]])
-        ks[i : i + r.shape[0]] = T[:, sub]
+            xp.matmul(T, a, out=g[i : i + r.shape[0]])
+            ks[i : i + r.shape[0]] = T[:, sub]
     g -= encoding.encode(chunk.y_rows, np.float32)
     offset = int(payload["offsets"][chunk.key[1]])
-    kg = _np(ks.T @ g).astype(np.float64)
-    if scale != 1.0:
-        kg *= scale
-    return {"ids": [rows + offset], "g": [_np(g)], "kg": kg,
+    return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(ks.T @ g).astype(np.float64),
             "loss": float(xp.sum(g * g)), "count": m}
 
 

@@ -42,8 +42,8 @@ from scipy.linalg import blas
 from dkernel.backend import namespace
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk
-from dkernel.solvers.eigenpro import (_buffer, cache_scale, fill_kernel_rows, kernel_into,
-                                      kernel_rows_key)
+from dkernel.solvers.eigenpro import kernel_rows_key
+from dkernel.solvers.kernel_rows import buffer, fill, kernel_into, range_products, stored_bytes
 from dkernel.solvers.targets import TargetEncoding
 
 #: Jitter eps of T = chol(K_MM + eps p I).  The kernel rows are float32, so
@@ -119,42 +119,30 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
     if payload["targets"]:
         enc: TargetEncoding = payload["encoding"]
         Y = enc.encode(chunk.y, np.float32)
-    full = None
-    if mode != "off":
-        itemsize = 4 if mode == "float32" else 2
-        full = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
-                                    lambda: fill_kernel_rows(chunk.X, C, C_sq, kernel, bw, mode),
-                                    n_c * p * itemsize, owner=chunk.run)
-    scale = cache_scale(mode)
-    if scale != 1.0:  # fixed16 rows are k * 65535: K v = U (scale v), K^T r = scale U^T r
-        v = v * np.float32(scale)
+    stored = None
+    if mode != "off":  # None as well when the worker's cache budget declines
+        stored = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+                                      lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
+                                      stored_bytes(n_c, p, mode), owner=chunk.run)
     w = xp.zeros((p, v.shape[1]), dtype=np.float32)
     sq = xp.zeros(v.shape[1], dtype=np.float64)
-    r = _buffer("falkon-r", (_TILE_ROWS, v.shape[1]), np.float32, chunk.X)
+    r = buffer("falkon-r", (_TILE_ROWS, v.shape[1]), np.float32, chunk.X)
     for i in range(0, n_c, _TILE_ROWS):
         j = min(n_c, i + _TILE_ROWS)
-        if full is not None and full.dtype == np.float32:
-            K = full[i:j]
-        else:
-            K = _buffer("falkon-tile", (j - i, p), np.float32, chunk.X)
-            if full is None:
-                kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K)
-            elif mode == "fixed16":
-                K[...] = full[i:j]
-            else:  # packed bfloat16: the top 16 bits of each float32
-                U = K.view(np.uint32)
-                U[...] = full[i:j]
-                U <<= np.uint32(16)
         rt = r[: j - i]
-        xp.matmul(K, v, out=rt)
-        if Y is not None:
-            rt -= Y[i:j]
+        Yt = None if Y is None else Y[i:j]
+        if stored is not None:
+            _, wt = range_products(stored, mode, i, j, v, Yt, rt)
+        else:
+            K = buffer("falkon-tile", (j - i, p), np.float32, chunk.X)
+            kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K)
+            xp.matmul(K, v, out=rt)
+            if Yt is not None:
+                rt -= Yt
+            wt = K.T @ rt
         sq += (rt.astype(np.float64) ** 2).sum(axis=0)
-        w += K.T @ rt
-    w = _np(w).astype(np.float64)
-    if scale != 1.0:
-        w *= scale
-    return {"w": w, "sq": _np(sq), "count": n_c}
+        w += wt
+    return {"w": _np(w).astype(np.float64), "sq": _np(sq), "count": n_c}
 
 
 def _np(a: Any) -> np.ndarray:

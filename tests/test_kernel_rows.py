@@ -1,0 +1,64 @@
+"""Stored kernel rows (dkernel.solvers.kernel_rows) against the dense kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dkernel.kernels import kernel_matrix
+from dkernel.solvers import kernel_rows as kr
+
+# the error each storage mode may add to one kernel value k in [0, 1]
+_BOUND = {"float32": 1e-6, "fixed16": 0.5 / 65535 + 1e-7, "bfloat16": 2.0**-8}
+
+
+def _problem(seed=0, n=260, p=300, d=5):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    C = rng.standard_normal((p, d)).astype(np.float32)
+    K = kernel_matrix(X.astype(np.float64), C.astype(np.float64), "gaussian", 1.5)
+    return X, C, K, rng
+
+
+@pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
+def test_stored_values_are_within_the_modes_rounding(mode):
+    X, C, K, _ = _problem()
+    stored = kr.fill(X, C, (C * C).sum(axis=1), "gaussian", 1.5, mode)
+    assert stored.dtype == (np.float32 if mode == "float32" else np.uint16)
+    dense = kr._decode_rows(stored, np.arange(len(X)), mode, np.empty(K.shape, np.float32))
+    dense = dense * kr.cache_scale(mode)
+    err = np.abs(dense - K)
+    # bfloat16's error is relative (2^-9 of k, rounded half up: <= 2^-8 k), the others absolute
+    limit = _BOUND[mode] * (K if mode == "bfloat16" else 1.0) + 1e-6
+    assert np.all(err <= limit)
+
+
+@pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
+def test_row_gather_products_match_the_dense_kernel(mode):
+    X, C, K, rng = _problem(1)
+    stored = kr.fill(X, C, (C * C).sum(axis=1), "gaussian", 1.5, mode)
+    rows = rng.permutation(X.shape[0])[:200]  # unsorted, more than one 128-row tile
+    sub = np.sort(rng.choice(C.shape[0], 90, replace=False))
+    a = rng.standard_normal((C.shape[0], 3)).astype(np.float32)
+    g, ks = kr.rows_products(stored, mode, rows, a, sub)
+    # each stored value is off by at most the mode's bound (times k for bfloat16), so
+    # K a is off by at most bound * sum |a_j| per entry
+    bound = _BOUND[mode] * np.abs(a).sum(axis=0) + 1e-4
+    assert np.all(np.abs(g - K[rows] @ a) <= bound)
+    assert np.all(np.abs(ks - K[np.ix_(rows, sub)]) <= _BOUND[mode] + 1e-6)
+
+
+@pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
+def test_range_products_match_the_dense_kernel(mode):
+    X, C, K, rng = _problem(2)
+    stored = kr.fill(X, C, (C * C).sum(axis=1), "gaussian", 1.5, mode)
+    v = rng.standard_normal((C.shape[0], 2)).astype(np.float32)
+    Y = rng.standard_normal((X.shape[0], 2)).astype(np.float32)
+    i, j = 37, 237
+    r, w = kr.range_products(stored, mode, i, j, v, Y[i:j], np.empty((j - i, 2), np.float32))
+    r_ref = K[i:j] @ v - Y[i:j]
+    bound = _BOUND[mode] * np.abs(v).sum(axis=0) + 1e-4
+    assert np.all(np.abs(r - r_ref) <= bound)
+    # w = K^T r against the exact K and the r returned
+    w_ref = K[i:j].T @ r.astype(np.float64)
+    assert np.all(np.abs(w - w_ref) <= _BOUND[mode] * np.abs(r).sum(axis=0) + 1e-4)
