@@ -205,6 +205,30 @@ def test_cached_and_streamed_kernel_rows_give_the_same_model(client):
     assert err_fixed < 5e-3 and err_fixed < np.linalg.norm(c - a) / np.linalg.norm(a) / 4
 
 
+def _set_cache_fraction(value):
+    import dask
+
+    dask.config.set({"dkernel.cache-fraction": value})
+
+
+def test_rows_declined_by_the_cache_budget_are_recomputed_at_their_true_scale(client):
+    # fixed16 stores 65535 k; when a worker's budget declines a chunk its rows are
+    # computed instead, and must not be scaled as if they had been stored
+    from dkernel.engine.cache import _DEFAULT_FRACTION
+
+    X = _points(700, 3, seed=21)
+    y = np.sin(3 * X[:, 1])
+    kw = dict(bandwidth=0.5, n_epochs=2, client=client)
+    off = EigenProRegressor(kernel_cache="off", **kw).fit(X, y).coef_
+    client.run(_set_cache_fraction, 0.0)
+    try:
+        declined = EigenProRegressor(kernel_cache="fixed16", **kw).fit(X, y).coef_
+    finally:
+        client.run(_set_cache_fraction, _DEFAULT_FRACTION)
+    # the same float32 rows computed the same way: equal up to BLAS rounding
+    np.testing.assert_allclose(declined, off, rtol=1e-3, atol=1e-4 * np.abs(off).max())
+
+
 def test_classifier_kernel_and_feature_forms_with_early_stopping(client):
     rng = np.random.default_rng(9)
     X = rng.normal(size=(1000, 2))
