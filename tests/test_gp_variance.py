@@ -67,3 +67,20 @@ def test_return_std_needs_the_posterior_variance_fit(client):
         DSGRegressor(loss="huber", posterior_variance=True).fit(X, y)
     with pytest.raises(ValueError, match="n_features <= 8192"):
         DSGRegressor(n_features=20000, posterior_variance=True).fit(X, y)
+
+
+def test_posterior_variance_fit_takes_a_dataframe(client):
+    import pandas as pd
+
+    X, y = _data(200, 3)
+    frame = pd.DataFrame(X, columns=["x"])
+    kw = dict(bandwidth=0.5, alpha=1e-3, n_features=256, n_epochs=1, posterior_variance=True,
+              client=client)
+    from_frame = DSGRegressor(**kw).fit(frame, pd.Series(y))
+    from_array = DSGRegressor(**kw).fit(X, y)
+    assert list(from_frame.feature_names_in_) == ["x"]
+    Xt = np.linspace(-3, 3, 13, dtype=np.float32)[:, None]
+    # the same rows in the same order: the same posterior
+    np.testing.assert_array_equal(from_frame.predict(pd.DataFrame(Xt, columns=["x"]),
+                                                     return_std=True)[1],
+                                  from_array.predict(Xt, return_std=True)[1])

@@ -23,6 +23,7 @@ from dkernel.estimators.base import (
     binary_margin,
     check_common_params,
     discover_classes,
+    is_in_memory,
     labels_for_file,
     r2_score_any,
     resolve_bandwidth,
@@ -469,6 +470,10 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         if self.posterior_variance:
             # Dai et al. App. D on the fitted pool: C = Z^T Z / n, summed on the workers
             # from the blocks the fit cached (module dkernel.solvers.gp)
+            # in-memory input as the fit saw it (a DataFrame becomes an array);
+            # stores and dask arrays as they are
+            if is_in_memory(X):
+                X, y, _ = validate_fit_input(self, X, y, target="regression")
             data = open_dataset(X, y, require_y=True)
             payload = {"features": self.features_, "n_blocks": self._n_blocks()}
             with connect(self.client) as client:
