@@ -134,7 +134,9 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
     """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers.
 
     ``dtype="float32"`` forms and sums the chunks' T^T T in float32 (about 2x
-    the GEMM speed, half the memory and traffic) and solves in float32."""
+    the GEMM speed, half the memory and traffic) and solves in float32; for
+    ``operator="rows"`` (rows computed in float32 anyway) it sets the solve's
+    precision only."""
     _check_operator(operator, center)
     n = data.n_rows
     if operator == "gram":
@@ -156,7 +158,7 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
             A[idx] = rows
         A /= n
         A = 0.5 * (A + A.T)  # exact symmetry for eigh (rows were computed in float32)
-    w, V = top_eigh(A, k)
+    w, V = top_eigh(A, k, dtype)
     return Eigensystem(w, V, "dense")
 
 

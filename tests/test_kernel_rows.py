@@ -62,3 +62,57 @@ def test_range_products_match_the_dense_kernel(mode):
     # w = K^T r against the exact K and the r returned
     w_ref = K[i:j].T @ r.astype(np.float64)
     assert np.all(np.abs(w - w_ref) <= _BOUND[mode] * np.abs(r).sum(axis=0) + 1e-4)
+
+
+def _peek(key):
+    from dkernel.engine import cache
+
+    return cache.peek(key)
+
+
+@pytest.mark.parametrize("mode", ["float32", "fixed16"])
+def test_symmetric_fill_stores_each_chunks_rows_from_one_block_per_pair(client, mode):
+    # 5 chunks (the last short) over 2 workers: same-home and cross-home pairs
+    from dkernel.data import open_dataset
+    from dkernel.engine import Engine
+
+    X = np.random.default_rng(3).standard_normal((700, 3)).astype(np.float32)
+    data = open_dataset(X, chunk_rows=150)
+    chunks, homes = Engine(client).resident_chunks(data)
+    keys = [("symmetric-fill-test", mode, c) for c in range(data.n_chunks)]
+    rows = list(data.row_chunks)
+    assert kr.symmetric_fill(client, chunks, homes, rows, keys, "gaussian", 0.7, mode, owner="t")
+    K = kernel_matrix(X.astype(np.float64), X.astype(np.float64), "gaussian", 0.7)
+    offs = np.concatenate([[0], np.cumsum(rows)])
+    try:
+        for c in range(data.n_chunks):
+            stored = client.submit(_peek, keys[c], workers=[homes[c]], pure=False).result()
+            assert stored.shape == (rows[c], 700)
+            got = kr._decode_rows(stored, np.arange(rows[c]), mode,
+                                  np.empty(stored.shape, np.float32)) * kr.cache_scale(mode)
+            # every column written (np.empty left nothing), each within the mode's rounding
+            assert np.all(np.abs(got - K[offs[c] : offs[c + 1]]) <= _BOUND[mode] + 1e-6)
+    finally:
+        for h in set(homes):
+            client.submit(kr._discard, keys, workers=[h], pure=False).result()
+
+
+def test_kernel_eigenpro_is_bit_identical_on_one_or_two_workers(client):
+    # the pair blocks are always X_a against X_b (a <= b), whichever worker
+    # computes them, so the stored rows -- and the model -- do not depend on the cluster
+    import logging
+
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    from dkernel import EigenProRegressor
+
+    X = np.random.default_rng(4).standard_normal((900, 3)).astype(np.float32)
+    y = np.sin(2 * X[:, 0])
+    Xd, yd = da.from_array(X, chunks=(200, 3)), da.from_array(y, chunks=200)
+    kw = dict(bandwidth=0.6, n_epochs=2, kernel_cache="fixed16", lanes=2, random_state=2)
+    two = EigenProRegressor(client=client, **kw).fit(Xd, yd)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as one_client:
+        one = EigenProRegressor(client=one_client, **kw).fit(Xd, yd)
+    assert np.array_equal(one.coef_, two.coef_)

@@ -130,3 +130,22 @@ def clear() -> None:
         _bytes = 0
         for k in _stats:
             _stats[k] = 0
+
+
+def peek(key: Hashable) -> Any | None:
+    """The cached value of ``key`` (None if absent), counting no hit: for a
+    pre-pass that writes into an entry it allocated."""
+    with _lock:
+        entry = _entries.get(key)
+        return None if entry is None else entry[0]
+
+
+def discard(key: Hashable) -> bool:
+    """Drop ``key`` if present (an entry a failed pre-pass left half written)."""
+    global _bytes
+    with _lock:
+        entry = _entries.pop(key, None)
+        if entry is None:
+            return False
+        _bytes -= entry[0].nbytes
+        return True

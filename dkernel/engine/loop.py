@@ -415,6 +415,14 @@ class Engine:
         progress.close()
         return tree.result()
 
+    def resident_chunks(self, data: Dataset) -> tuple[dict[int, Future], list[str | None]]:
+        """Futures of every chunk's (X, y), each read on its home -- the worker
+        its steps run on -- and the homes: for a pre-pass that leaves per-chunk
+        blocks in the worker cache (all chunks at once: for data that fits)."""
+        source = _ChunkSource(self.client, data, self.options.dtype)
+        futs = source.get(tuple(range(data.n_chunks)))
+        return futs, [(source.home(c) or [None])[0] for c in range(data.n_chunks)]
+
     def n_workers(self) -> int:
         """Workers the scheduler knows now (at least 1)."""
         return max(1, len(self.client.scheduler_info(n_workers=-1).get("workers", {})))

@@ -48,6 +48,7 @@ from dkernel.kernels import kernel_diagonal_max
 from dkernel.solvers.eigenpro import (
     KernelEigenProProgram,
     critical_batch,
+    kernel_rows_key,
     predict_kernel,
     step_size,
     subsample_preconditioner,
@@ -58,7 +59,7 @@ from dkernel.solvers.eigenpro_rf import (
     feature_preconditioner,
 )
 from dkernel.solvers.falkon import FalkonPreconditioner, center_kernel, falkon_partial, falkon_solve
-from dkernel.solvers.kernel_rows import CACHE_MODES
+from dkernel.solvers.kernel_rows import CACHE_MODES, symmetric_fill
 from dkernel.solvers.targets import TargetEncoding
 
 #: n_centers=None: up to this many rows, every row is a center (interpolating
@@ -236,6 +237,18 @@ class _EigenProBase(BaseEstimator):
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
         mode = self._cache_mode(client, data, p)
         token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
+        if mode != "off":  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
+            t_fill = time.perf_counter()
+            chunks, homes = engine.resident_chunks(data)
+            keys = [kernel_rows_key((data.X.name, c), {"centers_token": token, "cache": mode})
+                    for c in range(data.n_chunks)]
+            symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
+                           bandwidth, mode, owner=f"fill-{token}",
+                           progress=engine.options.progress)
+            del chunks
+            if self.verbose:
+                print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "
+                      f"{time.perf_counter() - t_fill:.1f}s", flush=True)
         program = KernelEigenProProgram(centers, sub_idx, pre, self.kernel, bandwidth, encoding, beta,
                                         data.row_offsets(), mode, token)
         if self.step_size is not None:

@@ -166,3 +166,137 @@ def range_products(stored: Any, mode: str, i: int, j: int, v: Any, Y: Any | None
     if Y is not None:
         r -= Y
     return r, K.T @ r
+
+
+# --- every row a center: each chunk pair once -------------------------------------------
+def _allocate(key: Any, n: int, p: int, mode: str, owner: Any) -> bool:
+    from dkernel.engine import cache
+
+    dtype = np.float32 if mode == "float32" else np.uint16
+    return cache.lookup_or_fill(key, lambda: np.empty((n, p), dtype=dtype),
+                                stored_bytes(n, p, mode), owner=owner) is not None
+
+
+def _discard(keys: list) -> None:
+    from dkernel.engine import cache
+
+    for key in keys:
+        cache.discard(key)
+
+
+def _write_transposed(dst: Any, B: Any, off: int, tile: int = 256) -> None:
+    """dst[:, off:off + n_a] = B.T in cache-sized tiles (a plain B.T copy of an
+    8192 x 8192 uint16 block took 0.51 s, tiled 0.22 s)."""
+    for i in range(0, B.shape[0], tile):
+        for j in range(0, B.shape[1], tile):
+            blk = B[i : i + tile, j : j + tile]
+            dst[j : j + blk.shape[1], off + i : off + i + blk.shape[0]] = blk.T
+
+
+def _pair_block(chunk_a: Any, chunk_b: Any, spec: dict) -> Any:
+    """K(X_a, X_b) stored in ``mode``; written into the rows of a and/or (transposed)
+    of b held by this worker; returned when the other side lives elsewhere."""
+    from dkernel.engine import cache
+
+    from dkernel.backend import aligned
+
+    Xa, Xb = aligned(chunk_a[0]), aligned(chunk_b[0])  # one of them may have been sent here
+    mode = spec["mode"]
+    na, nb = Xa.shape[0], Xb.shape[0]
+    B = np.empty((na, nb), dtype=np.float32 if mode == "float32" else np.uint16)
+    Xb_sq = (Xb * Xb).sum(axis=1)
+    for i in range(0, na, TILE_ROWS):
+        j = min(na, i + TILE_ROWS)
+        if mode == "float32":
+            kernel_into(Xa[i:j], Xb, Xb_sq, spec["kernel"], spec["bandwidth"], B[i:j])
+        else:
+            T = buffer("pair-tile", (j - i, nb), np.float32, Xa)
+            kernel_into(Xa[i:j], Xb, Xb_sq, spec["kernel"], spec["bandwidth"], T)
+            _encode(T, mode, B[i:j])
+    if spec["write_a"]:
+        cache.peek(spec["key_a"])[:, spec["off_b"] : spec["off_b"] + nb] = B
+    if spec["write_b"]:
+        _write_transposed(cache.peek(spec["key_b"]), B, spec["off_a"])
+    return B if spec["send"] else None
+
+
+def _put_block(B: Any, key: Any, off: int, transpose: bool) -> None:
+    from dkernel.engine import cache
+
+    dst = cache.peek(key)
+    if transpose:
+        _write_transposed(dst, B, off)
+    else:
+        dst[:, off : off + B.shape[1]] = B
+
+
+def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, keys: list,
+                   kernel: str, bandwidth: float, mode: str, owner: Any,
+                   progress: bool = False) -> bool:
+    """Store K(X_c, X) for every chunk c when the centers are all the rows, in
+    chunk order, computing each chunk pair's block once: K(X_b, X_a) =
+    K(X_a, X_b)^T.  That halves the kernel arithmetic of the lazy fill.
+
+    The block of a pair (a <= b) is always X_a against X_b, whichever worker
+    computes it, so the stored rows are the same on any cluster.  It runs on
+    the home of a or b, whichever has less work so far.  When the two homes
+    differ, the block (n_a x n_b, 16-bit) is sent to the other one, where its
+    write ranks above the next pair, so few blocks wait in memory.  Fashion-MNIST,
+    60k rows, two workers: 39-42 s, against ~60 s for the lazy per-chunk fill;
+    waves of pairs (two per worker at a time) took 50 s.
+    Returns False, with nothing left behind, when a worker's cache budget
+    cannot hold its chunks' rows; on any error the half-written rows are
+    dropped before it is raised.
+    """
+    from distributed import as_completed, wait
+
+    from dkernel.engine.progress import Progress
+
+    n = len(row_chunks)
+    p = int(sum(row_chunks))
+    offs = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
+    place = [{"workers": [h], "allow_other_workers": False} if h else {} for h in homes]
+    ok = client.gather([client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner,
+                                      pure=False, **place[c]) for c in range(n)])
+
+    def drop() -> None:
+        wait([client.submit(_discard, [keys[c] for c in range(n) if homes[c] == h], pure=False,
+                            **({"workers": [h], "allow_other_workers": False} if h else {}))
+              for h in set(homes)])
+
+    if not all(ok):
+        drop()
+        return False
+    load: dict = {h: 0.0 for h in homes}
+    pairs = [(a, b) for a in range(n) for b in range(a, n)]
+    bar = Progress(len(pairs), "kernel rows (chunk pairs)", progress, unit="pairs")
+    try:
+        puts = []
+        for a, b in pairs:
+            ha, hb = homes[a], homes[b]
+            w = ha if load[ha] <= load[hb] else hb
+            load[w] += float(row_chunks[a]) * float(row_chunks[b])
+            spec = {"mode": mode, "kernel": kernel, "bandwidth": float(bandwidth),
+                    "key_a": keys[a], "key_b": keys[b], "off_a": int(offs[a]),
+                    "off_b": int(offs[b]), "write_a": ha == w,
+                    "write_b": hb == w and a != b, "send": ha != hb}
+            kw = {"workers": [w], "allow_other_workers": False} if w else {}
+            B = client.submit(_pair_block, chunks[a], chunks[b], spec, pure=False, **kw)
+            if ha == hb:
+                puts.append(B)
+                continue
+            # a sent block is written (and freed) before its target computes another pair
+            other, key, off, transpose = (b, keys[b], offs[a], True) if w == ha else \
+                (a, keys[a], offs[b], False)
+            puts.append(client.submit(_put_block, B, key, int(off), transpose, pure=False,
+                                      priority=1, **place[other]))
+            del B
+        for fut in as_completed(puts):
+            fut.result()  # raises a task's error
+            bar.update(1)
+    except BaseException:
+        drop()
+        raise
+    finally:
+        bar.close()
+    return True
