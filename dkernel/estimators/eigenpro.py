@@ -59,7 +59,7 @@ from dkernel.solvers.eigenpro_rf import (
     feature_preconditioner,
 )
 from dkernel.solvers.falkon import FalkonPreconditioner, center_kernel, falkon_partial, falkon_solve
-from dkernel.solvers.kernel_rows import CACHE_MODES, symmetric_fill
+from dkernel.solvers.kernel_rows import CACHE_MODES, FillLost, symmetric_fill
 from dkernel.solvers.targets import TargetEncoding
 
 #: n_centers=None: up to this many rows, every row is a center (interpolating
@@ -242,9 +242,13 @@ class _EigenProBase(BaseEstimator):
             chunks, homes = engine.resident_chunks(data)
             keys = [kernel_rows_key((data.X.name, c), {"centers_token": token, "cache": mode})
                     for c in range(data.n_chunks)]
-            symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
-                           bandwidth, mode, owner=f"fill-{token}",
-                           progress=engine.options.progress)
+            try:
+                symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
+                               bandwidth, mode, owner=f"fill-{token}",
+                               progress=engine.options.progress)
+            except FillLost as exc:  # the steps fill per chunk instead (they survive worker loss)
+                warnings.warn(f"{exc}; the kernel rows are filled per chunk during epoch 1",
+                              RuntimeWarning, stacklevel=3)
             del chunks
             if self.verbose:
                 print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "

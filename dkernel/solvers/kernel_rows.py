@@ -184,6 +184,20 @@ def _discard(keys: list) -> None:
         cache.discard(key)
 
 
+class FillLost(RuntimeError):
+    """A pre-pass task ran where its chunk's rows are not (a worker was lost)."""
+
+
+def _rows_here(key: Any) -> Any:
+    from dkernel.engine import cache
+
+    rows = cache.peek(key)
+    if rows is None:
+        raise FillLost(f"the kernel rows {key!r} are not on this worker: a worker was lost "
+                       "or replaced during the fill")
+    return rows
+
+
 def _write_transposed(dst: Any, B: Any, off: int, tile: int = 256) -> None:
     """dst[:, off:off + n_a] = B.T in cache-sized tiles (a plain B.T copy of an
     8192 x 8192 uint16 block took 0.51 s, tiled 0.22 s)."""
@@ -196,7 +210,6 @@ def _write_transposed(dst: Any, B: Any, off: int, tile: int = 256) -> None:
 def _pair_block(chunk_a: Any, chunk_b: Any, spec: dict) -> Any:
     """K(X_a, X_b) stored in ``mode``; written into the rows of a and/or (transposed)
     of b held by this worker; returned when the other side lives elsewhere."""
-    from dkernel.engine import cache
 
     from dkernel.backend import aligned
 
@@ -214,16 +227,14 @@ def _pair_block(chunk_a: Any, chunk_b: Any, spec: dict) -> Any:
             kernel_into(Xa[i:j], Xb, Xb_sq, spec["kernel"], spec["bandwidth"], T)
             _encode(T, mode, B[i:j])
     if spec["write_a"]:
-        cache.peek(spec["key_a"])[:, spec["off_b"] : spec["off_b"] + nb] = B
+        _rows_here(spec["key_a"])[:, spec["off_b"] : spec["off_b"] + nb] = B
     if spec["write_b"]:
-        _write_transposed(cache.peek(spec["key_b"]), B, spec["off_a"])
+        _write_transposed(_rows_here(spec["key_b"]), B, spec["off_a"])
     return B if spec["send"] else None
 
 
 def _put_block(B: Any, key: Any, off: int, transpose: bool) -> None:
-    from dkernel.engine import cache
-
-    dst = cache.peek(key)
+    dst = _rows_here(key)
     if transpose:
         _write_transposed(dst, B, off)
     else:
@@ -248,21 +259,27 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     cannot hold its chunks' rows; on any error the half-written rows are
     dropped before it is raised.
     """
-    from distributed import as_completed, wait
+    from distributed import wait
 
     from dkernel.engine.progress import Progress
 
     n = len(row_chunks)
     p = int(sum(row_chunks))
     offs = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
+    # pinned (work stealing would move a loosely placed task away from its rows); a
+    # pinned task whose worker dies would wait for ever, so the loop below checks
+    # that every home is still there and raises FillLost if not (the caller falls back)
     place = [{"workers": [h], "allow_other_workers": False} if h else {} for h in homes]
+
+    def alive() -> set:
+        return set(client.scheduler_info(n_workers=-1).get("workers", {}))
     ok = client.gather([client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner,
                                       pure=False, **place[c]) for c in range(n)])
 
     def drop() -> None:
         wait([client.submit(_discard, [keys[c] for c in range(n) if homes[c] == h], pure=False,
                             **({"workers": [h], "allow_other_workers": False} if h else {}))
-              for h in set(homes)])
+              for h in {h for h in homes if h} & alive()], timeout=120)
 
     if not all(ok):
         drop()
@@ -291,9 +308,17 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
             puts.append(client.submit(_put_block, B, key, int(off), transpose, pure=False,
                                       priority=1, **place[other]))
             del B
-        for fut in as_completed(puts):
-            fut.result()  # raises a task's error
-            bar.update(1)
+        pending, needed = set(puts), {h for h in homes if h}
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=5, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # nothing finished in 5 s: are the homes still there?
+                done = set()
+            for fut in done:
+                fut.result()  # raises a task's error
+                bar.update(1)
+            if pending and not needed <= alive():
+                raise FillLost("a worker left the cluster during the kernel-row fill")
     except BaseException:
         drop()
         raise
