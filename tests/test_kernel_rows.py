@@ -116,3 +116,28 @@ def test_kernel_eigenpro_is_bit_identical_on_one_or_two_workers(client):
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as one_client:
         one = EigenProRegressor(client=one_client, **kw).fit(Xd, yd)
     assert np.array_equal(one.coef_, two.coef_)
+
+
+def _entries_now():
+    from dkernel.engine import cache
+
+    return cache.stats()["entries"]
+
+
+def test_a_fill_that_fails_leaves_no_rows_behind(client):
+    # a pair task raises half-way: the rows already written are dropped on every
+    # worker, and nothing was ever stored under the keys later lookups use
+    from dkernel.data import open_dataset
+    from dkernel.engine import Engine
+
+    X = np.random.default_rng(5).standard_normal((400, 3)).astype(np.float32)
+    data = open_dataset(X, chunk_rows=100)
+    chunks, homes = Engine(client).resident_chunks(data)
+    keys = [("failing-fill-test", c) for c in range(data.n_chunks)]
+    before = client.run(_entries_now)
+    with pytest.raises(ValueError, match="kernel"):
+        kr.symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, "no-such-kernel",
+                          0.7, "fixed16", owner="failing")
+    assert client.run(_entries_now) == before
+    for c in range(data.n_chunks):
+        assert client.submit(_peek, keys[c], workers=[homes[c]], pure=False).result() is None

@@ -149,3 +149,19 @@ def discard(key: Hashable) -> bool:
             return False
         _bytes -= entry[0].nbytes
         return True
+
+
+def rename(old: Hashable, new: Hashable) -> bool:
+    """Move the entry ``old`` to the key ``new`` (replacing one there): how a
+    pre-pass publishes blocks it filled under a private key, so that a pass
+    killed half-way leaves nothing a later lookup of ``new`` would trust."""
+    global _bytes
+    with _lock:
+        entry = _entries.pop(old, None)
+        if entry is None:
+            return False
+        replaced = _entries.pop(new, None)
+        if replaced is not None:
+            _bytes -= replaced[0].nbytes
+        _entries[new] = entry
+        return True

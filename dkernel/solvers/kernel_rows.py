@@ -177,6 +177,12 @@ def _allocate(key: Any, n: int, p: int, mode: str, owner: Any) -> bool:
                                 stored_bytes(n, p, mode), owner=owner) is not None
 
 
+def _publish(pairs: list) -> bool:
+    from dkernel.engine import cache
+
+    return all(cache.rename(private, key) for private, key in pairs)
+
+
 def _discard(keys: list) -> None:
     from dkernel.engine import cache
 
@@ -265,6 +271,9 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
 
     n = len(row_chunks)
     p = int(sum(row_chunks))
+    # filled under private keys, published when complete: a fill whose client dies
+    # half-way leaves rows no later lookup of the real keys can find
+    final, keys = keys, [("filling", owner, k) for k in keys]
     offs = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
     # pinned (work stealing would move a loosely placed task away from its rows); a
     # pinned task whose worker dies would wait for ever, so the loop below checks
@@ -277,7 +286,8 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                                       pure=False, **place[c]) for c in range(n)])
 
     def drop() -> None:
-        wait([client.submit(_discard, [keys[c] for c in range(n) if homes[c] == h], pure=False,
+        wait([client.submit(_discard, [k for c in range(n) if homes[c] == h
+                                       for k in (keys[c], final[c])], pure=False,
                             **({"workers": [h], "allow_other_workers": False} if h else {}))
               for h in {h for h in homes if h} & alive()], timeout=120)
 
@@ -319,6 +329,15 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                 bar.update(1)
             if pending and not needed <= alive():
                 raise FillLost("a worker left the cluster during the kernel-row fill")
+        by_home: dict = {}
+        for c in range(n):
+            by_home.setdefault(homes[c], []).append((keys[c], final[c]))
+        published = client.gather([client.submit(_publish, todo, pure=False, **(
+            {"workers": [h], "allow_other_workers": False} if h else {}))
+            for h, todo in by_home.items()])
+        if not all(published):
+            raise FillLost("the kernel rows of a chunk were evicted or lost before the "
+                           "fill finished")
     except BaseException:
         drop()
         raise
