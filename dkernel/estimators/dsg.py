@@ -13,7 +13,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.metaestimators import available_if
 
-from dkernel.data.dataset import open_dataset
+from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
@@ -23,7 +23,6 @@ from dkernel.estimators.base import (
     binary_margin,
     check_common_params,
     discover_classes,
-    is_in_memory,
     labels_for_file,
     r2_score_any,
     resolve_bandwidth,
@@ -220,7 +219,7 @@ class _DSGBase(BaseEstimator):
         X, y, labels = validate_fit_input(self, X, y, target=self._task)
         self.random_state_ = resolve_random_state(self.random_state)
         # -------------------------------------------------------------------------
-        data = open_dataset(X, y, require_y=True)
+        data = full = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
             # one read serves the bandwidth and the preconditioner (a store's
             # sample touches up to 64 chunks; reading them twice cost ~1 s a fit)
@@ -268,8 +267,12 @@ class _DSGBase(BaseEstimator):
                 random_state=self.random_state_, on_epoch=monitor)
             self.step_backoffs_ = list(engine.backoffs)
             state = self._keep_history(monitor, state)
-        self._set_fitted(features, encoding, _coef(program, state))
+            self._set_fitted(features, encoding, _coef(program, state))
+            self._after_fit(full, engine)
         return self
+
+    def _after_fit(self, data: Dataset, engine: Engine) -> None:
+        """More passes over the fit's own data, on its cluster (none here)."""
 
     def _preconditioned_program(self, engine: Engine, data: Any, features: FeatureMap,
                                 n_blocks: int, encoding: TargetEncoding,
@@ -464,24 +467,20 @@ class DSGRegressor(RegressorMixin, _DSGBase):
                     f"posterior_variance=True is the Gaussian-process posterior, whose mean is "
                     f"the squared loss's fit; loss={self.loss!r} has no such model")
             gp.check_pool_size(int(self.n_features))
-        super().fit(X, y)
+        return super().fit(X, y)
+
+    def _after_fit(self, data: Dataset, engine: Engine) -> None:
         if hasattr(self, "gp_factor_"):
             del self.gp_factor_
         if self.posterior_variance:
-            # Dai et al. App. D on the fitted pool: C = Z^T Z / n, summed on the workers
-            # from the blocks the fit cached (module dkernel.solvers.gp)
-            # in-memory input as the fit saw it (a DataFrame becomes an array);
-            # stores and dask arrays as they are
-            if is_in_memory(X):
-                X, y, _ = validate_fit_input(self, X, y, target="regression")
-            data = open_dataset(X, y, require_y=True)
+            # Dai et al. App. D on the fitted pool: C = Z^T Z / n over every row, summed
+            # on the workers from the blocks the fit cached (module dkernel.solvers.gp);
+            # the fit's engine reads them as their owner
             payload = {"features": self.features_, "n_blocks": self._n_blocks()}
-            with connect(self.client) as client:
-                total = Engine(client, self._engine_options()).map_reduce(
-                    data, gp.covariance_partial, payload, label="gp-variance", wants_chunk=True)
+            total = engine.map_reduce(data, gp.covariance_partial, payload, label="gp-variance",
+                                      wants_chunk=True)
             self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),
                                                   float(self.alpha))
-        return self
 
     def _n_blocks(self) -> int:
         return self.coef_.shape[0] // self.features_.block_size

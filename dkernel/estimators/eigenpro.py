@@ -48,7 +48,6 @@ from dkernel.kernels import kernel_diagonal_max
 from dkernel.solvers.eigenpro import (
     KernelEigenProProgram,
     critical_batch,
-    kernel_rows_key,
     predict_kernel,
     step_size,
     subsample_preconditioner,
@@ -59,7 +58,12 @@ from dkernel.solvers.eigenpro_rf import (
     feature_preconditioner,
 )
 from dkernel.solvers.falkon import FalkonPreconditioner, center_kernel, falkon_partial, falkon_solve
-from dkernel.solvers.kernel_rows import CACHE_MODES, FillLost, symmetric_fill
+from dkernel.solvers.kernel_rows import (
+    CACHE_MODES,
+    FillLost,
+    kernel_rows_key,
+    symmetric_fill,
+)
 from dkernel.solvers.targets import TargetEncoding
 
 #: n_centers=None: up to this many rows, every row is a center (interpolating
@@ -240,8 +244,7 @@ class _EigenProBase(BaseEstimator):
         if mode != "off":  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
             t_fill = time.perf_counter()
             chunks, homes = engine.resident_chunks(data)
-            keys = [kernel_rows_key((data.X.name, c), {"centers_token": token, "cache": mode})
-                    for c in range(data.n_chunks)]
+            keys = [kernel_rows_key((data.X.name, c), token, mode) for c in range(data.n_chunks)]
             try:
                 symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
                                bandwidth, mode, owner=f"fill-{token}",

@@ -47,6 +47,7 @@ from dkernel.solvers.kernel_rows import (
     buffer,
     fill,
     kernel_into,
+    kernel_rows_key,
     rows_products,
     stored_bytes,
 )
@@ -174,10 +175,6 @@ class KernelPreconditioner:
 
 
 # --- worker side of a step ---------------------------------------------------------
-def kernel_rows_key(chunk_key: Any, payload: dict) -> tuple:
-    return (chunk_key, payload["centers_token"], payload["cache"])
-
-
 def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     """g = K(X_b, C) a - y_b on this task's rows, and K(S, X_b) g."""
     C, C_sq = payload["centers"], payload["centers_sq"]
@@ -190,7 +187,8 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
     stored = None
     if mode != "off":  # None as well when the worker's cache budget declines
-        stored = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+        key = kernel_rows_key(chunk.key, payload["centers_token"], mode)
+        stored = cache.lookup_or_fill(key,
                                       lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
                                       stored_bytes(n_c, p, mode), owner=chunk.run)
     m = rows.shape[0]

@@ -42,8 +42,14 @@ from scipy.linalg import blas
 from dkernel.backend import namespace
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk
-from dkernel.solvers.eigenpro import kernel_rows_key
-from dkernel.solvers.kernel_rows import buffer, fill, kernel_into, range_products, stored_bytes
+from dkernel.solvers.kernel_rows import (
+    buffer,
+    fill,
+    kernel_into,
+    kernel_rows_key,
+    range_products,
+    stored_bytes,
+)
 from dkernel.solvers.targets import TargetEncoding
 
 #: Jitter eps of T = chol(K_MM + eps p I).  The kernel rows are float32, so
@@ -121,7 +127,8 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
         Y = enc.encode(chunk.y, np.float32)
     stored = None
     if mode != "off":  # None as well when the worker's cache budget declines
-        stored = cache.lookup_or_fill(kernel_rows_key(chunk.key, payload),
+        key = kernel_rows_key(chunk.key, payload["centers_token"], mode)
+        stored = cache.lookup_or_fill(key,
                                       lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
                                       stored_bytes(n_c, p, mode), owner=chunk.run)
     w = xp.zeros((p, v.shape[1]), dtype=np.float32)

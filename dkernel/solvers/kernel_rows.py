@@ -40,6 +40,11 @@ def cache_scale(mode: str) -> float:
     return 1.0 / FIXED16_SCALE if mode == "fixed16" else 1.0
 
 
+def kernel_rows_key(chunk_key: Any, centers_token: str, mode: str) -> tuple:
+    """Worker-cache key of a chunk's kernel rows against one set of centers."""
+    return (chunk_key, centers_token, mode)
+
+
 def stored_bytes(n: int, p: int, mode: str) -> int:
     return n * p * (4 if mode == "float32" else 2)
 
