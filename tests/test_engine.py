@@ -23,12 +23,25 @@ def test_every_row_is_used_exactly_once_per_epoch_and_order_changes_between_epoc
         rows = []
         for group in plan.groups(epoch):
             for c in group:
-                for sl in plan.row_slices(epoch, c):
-                    assert len(sl) <= plan.per_lane
+                slices = plan.row_slices(epoch, c)
+                assert len(slices) == plan.group_steps((c,))
+                for sl in slices:  # a short remainder joins the last slice
+                    assert plan.per_lane // 2 <= len(sl) < 1.5 * plan.per_lane or len(slices) == 1
                     rows.extend(offsets[c] + sl)
         assert sorted(rows) == list(range(337))
         seen.append(rows)
     assert seen[0] != seen[1]
+
+
+def test_a_short_remainder_joins_the_last_slice_instead_of_costing_a_step():
+    # Fashion-MNIST's chunks at EigenPro's batch: 4 x 2047 rows and 4 left over
+    plan = ChunkPlan((8192, 3200, 2656), batch_size=4093, lanes=2, random_state=0)
+    assert [len(s) for s in plan.row_slices(0, 0)] == [2047, 2047, 2047, 2051]
+    assert [len(s) for s in plan.row_slices(0, 1)] == [2047, 1153]  # over half a slice: its own step
+    assert [len(s) for s in plan.row_slices(0, 2)] == [2656]
+    # 4 + 1 or 2 + 4 steps, by which chunk of lane class 0 comes first (7 before the merge)
+    expected = {((0, 1), (2,)): 5, ((2, 1), (0,)): 6}[tuple(plan.groups(0))]
+    assert plan.steps_per_epoch(0) == expected
 
 
 def test_plan_depends_on_lanes_not_on_workers():

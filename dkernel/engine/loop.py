@@ -259,7 +259,8 @@ class Engine:
         plan = self.plan(data, batch_size, random_state)
         fingerprint = {**program.fingerprint(), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
                        "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
-                       "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs}
+                       "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs,
+                       "plan_version": ChunkPlan.VERSION}
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
         if opts.resume:
