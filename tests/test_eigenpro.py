@@ -205,6 +205,27 @@ def test_cached_and_streamed_kernel_rows_give_the_same_model(client):
     assert err_fixed < 5e-3 and err_fixed < np.linalg.norm(c - a) / np.linalg.norm(a) / 4
 
 
+def test_cached_rows_from_a_store_read_each_chunk_once_per_fit(client, tmp_path):
+    # with every kernel row cached the steps need only y: the chunks read for the
+    # fill stay on their homes instead of being read again every epoch
+    from distributed import get_task_stream
+
+    from dkernel.data import write_store
+
+    X = _points(900, 3, seed=4)
+    y = np.sin(2 * X[:, 0]) + X[:, 1]
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=200)  # 5 chunks
+    kw = dict(bandwidth=0.5, n_epochs=3, client=client)
+    with get_task_stream(client) as ts:
+        cached = EigenProRegressor(kernel_cache="fixed16", **kw).fit(store)
+    reads = [t for t in ts.data if str(t["key"]).startswith(("_load_chunk", "('_load_chunk"))]
+    assert len(reads) == 5, len(reads)
+    assert cached.kernel_cache_ == "fixed16"
+    # the same rows and targets as a fit that reads every chunk every epoch
+    off = EigenProRegressor(kernel_cache="off", **kw).fit(store)
+    assert np.linalg.norm(cached.coef_ - off.coef_) / np.linalg.norm(off.coef_) < 5e-3
+
+
 def _set_cache_fraction(value):
     import dask
 

@@ -241,6 +241,7 @@ class _EigenProBase(BaseEstimator):
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
         mode = self._cache_mode(client, data, p)
         token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
+        resident = None
         if mode != "off":  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
             t_fill = time.perf_counter()
             chunks, homes = engine.resident_chunks(data)
@@ -249,6 +250,7 @@ class _EigenProBase(BaseEstimator):
                 symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
                                bandwidth, mode, owner=f"fill-{token}",
                                progress=engine.options.progress)
+                resident = chunks  # the steps need only y now: no read of X every epoch
             except FillLost as exc:  # the steps fill per chunk instead (they survive worker loss)
                 warnings.warn(f"{exc}; the kernel rows are filled per chunk during epoch 1",
                               RuntimeWarning, stacklevel=3)
@@ -267,7 +269,8 @@ class _EigenProBase(BaseEstimator):
                         "bandwidth": bandwidth, "coef": state["coef"]}
                 return validation_score(engine, val, self._task, _predict_block, spec,
                                         encoding.classes, encoding.offset)
-        state = self._run(engine, data, program, batch, evaluate, "coef")
+        state = self._run(engine, data, program, batch, evaluate, "coef", resident)
+        del resident
         self.form_ = "kernel"
         self.solver_ = "eigenpro"
         self.centers_ = centers
@@ -404,12 +407,13 @@ class _EigenProBase(BaseEstimator):
                          pre.new_top, eig.method, "worker-cache", s)
 
     def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
-             key: str) -> dict:
+             key: str, resident: dict | None = None) -> dict:
         monitor = EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
         self.lanes_ = engine.resolve_lanes(data)  # recorded: the model depends on it
         engine.options.lanes = self.lanes_
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
-                                 random_state=self.random_state_, on_epoch=monitor)
+                                 random_state=self.random_state_, on_epoch=monitor,
+                                 resident=resident)
         self.step_backoffs_ = list(engine.backoffs)
         self.history_ = monitor.history()
         self.validation_scores_ = [e["validation_score"] for e in self.history_
