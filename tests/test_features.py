@@ -27,6 +27,47 @@ def test_block_is_regenerated_bit_identically_on_every_worker(client):
         assert np.array_equal(arr, here)
 
 
+_CORE_SCRIPT = """
+import hashlib, sys
+import numpy as np, threadpoolctl
+from dkernel.features import FeatureMap
+fm = FeatureMap("gaussian", 1.5, 37, 256, random_state=42)
+X = np.random.default_rng(0).standard_normal((300, 37)).astype(np.float32)
+np.save(sys.argv[1], fm.blocks(X, [0, 3, 11]))
+arch = sorted({i.get("architecture") for i in threadpoolctl.threadpool_info()
+               if i.get("internal_api") == "openblas"} - {None})
+print(fm.weights_digest(), "arch=" + ",".join(arch))
+"""
+
+
+def test_features_across_blas_kernels_agree_to_float32_rounding(tmp_path):
+    # Workers on other CPUs run other BLAS kernels: the weights (seeded NumPy
+    # draws) are the same bits, but X W is summed in another order, so features
+    # are equal to float32 rounding, not bit for bit (this machine, 4 OpenBLAS
+    # kernels: max |dZ| = 5.4e-6 on features of size <= sqrt(2)).  Determinism
+    # "on any cluster" therefore means clusters whose workers share a kernel.
+    import subprocess
+    import sys
+
+    pytest.importorskip("threadpoolctl")
+    out, arch = {}, {}
+    for core in ("", "Haswell", "SandyBridge", "Prescott"):  # "": the CPU's own
+        path = tmp_path / f"z{core}.npy"
+        env = {**__import__("os").environ, "OPENBLAS_CORETYPE": core}
+        res = subprocess.run([sys.executable, "-c", _CORE_SCRIPT, str(path)], env=env,
+                             capture_output=True, text=True, check=True)
+        digest, arch[core] = res.stdout.split()[-2:]
+        out[core] = (digest, np.load(path))
+    if len(set(arch.values())) < 2:
+        pytest.skip(f"OPENBLAS_CORETYPE had no effect here: {arch}")
+    digest0, Z0 = out[""]
+    for core, (digest, Z) in out.items():
+        assert digest == digest0  # the weights: bit-identical everywhere
+        # t = x.w + b summed over 37 terms in another order differs by a few float32
+        # ulps of |t| (~1e-6 each at |t| ~ 20); 2e-5 is ~4x the largest difference seen
+        assert np.abs(Z - Z0).max() <= 2e-5, (core, np.abs(Z - Z0).max())
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31), block=st.integers(0, 10**6),
        kernel=st.sampled_from(["gaussian", "laplacian", "cauchy"]))
