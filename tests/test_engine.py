@@ -37,7 +37,8 @@ def test_a_short_remainder_joins_the_last_slice_instead_of_costing_a_step():
     # Fashion-MNIST's chunks at EigenPro's batch: 4 x 2047 rows and 4 left over
     plan = ChunkPlan((8192, 3200, 2656), batch_size=4093, lanes=2, random_state=0)
     assert [len(s) for s in plan.row_slices(0, 0)] == [2047, 2047, 2047, 2051]
-    assert [len(s) for s in plan.row_slices(0, 1)] == [2047, 1153]  # over half a slice: its own step
+    # a remainder over half a slice is a step of its own
+    assert [len(s) for s in plan.row_slices(0, 1)] == [2047, 1153]
     assert [len(s) for s in plan.row_slices(0, 2)] == [2656]
     # 4 + 1 or 2 + 4 steps, by which chunk of lane class 0 comes first (7 before the merge)
     expected = {((0, 1), (2,)): 5, ((2, 1), (0,)): 6}[tuple(plan.groups(0))]

@@ -46,6 +46,7 @@ def test_features_across_blas_kernels_agree_to_float32_rounding(tmp_path):
     # are equal to float32 rounding, not bit for bit (this machine, 4 OpenBLAS
     # kernels: max |dZ| = 5.4e-6 on features of size <= sqrt(2)).  Determinism
     # "on any cluster" therefore means clusters whose workers share a kernel.
+    import os
     import subprocess
     import sys
 
@@ -53,7 +54,7 @@ def test_features_across_blas_kernels_agree_to_float32_rounding(tmp_path):
     out, arch = {}, {}
     for core in ("", "Haswell", "SandyBridge", "Prescott"):  # "": the CPU's own
         path = tmp_path / f"z{core}.npy"
-        env = {**__import__("os").environ, "OPENBLAS_CORETYPE": core}
+        env = {**os.environ, "OPENBLAS_CORETYPE": core}
         res = subprocess.run([sys.executable, "-c", _CORE_SCRIPT, str(path)], env=env,
                              capture_output=True, text=True, check=True)
         digest, arch[core] = res.stdout.split()[-2:]

@@ -42,16 +42,16 @@ TILE_ROWS = 128
 READ_TILE_BYTES = 6 << 20
 
 
+def read_tile_rows(p: int) -> int:
+    """Stored rows decoded and multiplied at a time, for ``p`` centers."""
+    return max(12, min(TILE_ROWS, READ_TILE_BYTES // (4 * max(1, int(p)))))
+
+
 #: Rows of X_a per kernel product in the symmetric fill: a taller left operand
 #: packs X_b (n_b x d) fewer times.  One 8192 x 8192 Fashion-MNIST block
 #: (d = 784) with fixed16 encoding, two processes at once: 1.5-1.9 s in
 #: 128-row tiles, 1.33-1.43 s in 256, 1.27-1.38 s in 512 (a 16 MB tile).
 PAIR_TILE_BYTES = 16 << 20
-
-
-def read_tile_rows(p: int) -> int:
-    """Stored rows decoded and multiplied at a time, for ``p`` centers."""
-    return max(12, min(TILE_ROWS, READ_TILE_BYTES // (4 * max(1, int(p)))))
 
 
 def cache_scale(mode: str) -> float:
