@@ -225,7 +225,10 @@ class _EigenProBase(BaseEstimator):
                 f"when n_centers is below the {n} training rows; with every row a center "
                 f"(n_centers={self.n_centers!r}) the fit interpolates and n_epochs regularises it: "
                 "leave alpha=None or set n_centers < n")
-        centers = _rows_as_float32(data, client)
+        mode = self._cache_mode(client, data, p)
+        # the fill reads every chunk on its home anyway: the centers come from those reads
+        chunks, homes = engine.resident_chunks(data) if mode != "off" else (None, None)
+        centers = _rows_as_float32(data, client, chunks)
         s = min(p, self.subsample_size or (_KERNEL_SUBSAMPLE if n < 100_000 else 12_000))
         sub_idx = np.sort(rng.choice(p, size=s, replace=False))
         damping = 0.95 if self.damping is None else float(self.damping)
@@ -239,12 +242,10 @@ class _EigenProBase(BaseEstimator):
         q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
-        mode = self._cache_mode(client, data, p)
         token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
         resident = None
-        if mode != "off":  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
+        if chunks is not None:  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
             t_fill = time.perf_counter()
-            chunks, homes = engine.resident_chunks(data)
             keys = [kernel_rows_key((data.X.name, c), token, mode) for c in range(data.n_chunks)]
             try:
                 symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, self.kernel,
@@ -557,9 +558,14 @@ def _predict_block(X: Any, spec: dict) -> Any:
     return Z @ spec["coef"].astype(np.float32)
 
 
-def _rows_as_float32(data: Dataset, client: Any) -> np.ndarray:
+def _rows_as_float32(data: Dataset, client: Any, chunks: dict | None = None) -> np.ndarray:
+    """Every row of X on the client; from ``chunks`` (futures of each chunk's
+    (X, y) read by :meth:`Engine.resident_chunks`) when given, not the store again."""
     if data.host is not None:
         return np.ascontiguousarray(data.host[0], dtype=np.float32)
+    if chunks is not None:
+        parts = client.gather([chunks[c] for c in range(data.n_chunks)])
+        return np.concatenate([np.asarray(X, dtype=np.float32) for X, _ in parts])
     return np.ascontiguousarray(client.compute(data.X.astype(np.float32)).result())
 
 

@@ -47,11 +47,12 @@ def read_tile_rows(p: int) -> int:
     return max(12, min(TILE_ROWS, READ_TILE_BYTES // (4 * max(1, int(p)))))
 
 
-#: Rows of X_a per kernel product in the symmetric fill: a taller left operand
-#: packs X_b (n_b x d) fewer times.  One 8192 x 8192 Fashion-MNIST block
-#: (d = 784) with fixed16 encoding, two processes at once: 1.5-1.9 s in
-#: 128-row tiles, 1.33-1.43 s in 256, 1.27-1.38 s in 512 (a 16 MB tile).
-PAIR_TILE_BYTES = 16 << 20
+#: Bytes of one float32 tile when rows are computed (at least ``TILE_ROWS``
+#: rows): a taller left operand of X C^T packs C (p x d) fewer times.  One
+#: 8192 x 8192 Fashion-MNIST block of the symmetric fill (d = 784) with fixed16
+#: encoding, two processes at once: 1.5-1.9 s in 128-row tiles, 1.33-1.43 s in
+#: 256, 1.27-1.38 s in 512 (a 16 MB tile).
+FILL_TILE_BYTES = 16 << 20
 
 
 def cache_scale(mode: str) -> float:
@@ -140,8 +141,9 @@ def fill(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) ->
     xp = namespace(X)
     n, p = X.shape[0], C.shape[0]
     out = xp.empty((n, p), dtype=np.float32 if mode == "float32" else np.uint16)
-    for i in range(0, n, TILE_ROWS):
-        j = min(n, i + TILE_ROWS)
+    step = max(TILE_ROWS, FILL_TILE_BYTES // (4 * max(1, p)))
+    for i in range(0, n, step):
+        j = min(n, i + step)
         if mode == "float32":
             kernel_into(X[i:j], C, C_sq, kernel, bandwidth, out[i:j])
             continue
@@ -241,25 +243,12 @@ def _write_transposed(dst: Any, B: Any, off: int, tile: int = 256) -> None:
 def _pair_block(chunk_a: Any, chunk_b: Any, spec: dict) -> Any:
     """K(X_a, X_b) stored in ``mode``; written into the rows of a and/or (transposed)
     of b held by this worker; returned when the other side lives elsewhere."""
-
     from dkernel.backend import aligned
 
     Xa, Xb = aligned(chunk_a[0]), aligned(chunk_b[0])  # one of them may have been sent here
-    mode = spec["mode"]
-    na, nb = Xa.shape[0], Xb.shape[0]
-    B = np.empty((na, nb), dtype=np.float32 if mode == "float32" else np.uint16)
-    Xb_sq = (Xb * Xb).sum(axis=1)
-    step = max(TILE_ROWS, PAIR_TILE_BYTES // (4 * max(1, nb)))
-    for i in range(0, na, step):
-        j = min(na, i + step)
-        if mode == "float32":
-            kernel_into(Xa[i:j], Xb, Xb_sq, spec["kernel"], spec["bandwidth"], B[i:j])
-        else:
-            T = buffer("pair-tile", (j - i, nb), np.float32, Xa)
-            kernel_into(Xa[i:j], Xb, Xb_sq, spec["kernel"], spec["bandwidth"], T)
-            _encode(T, mode, B[i:j])
+    B = fill(Xa, Xb, (Xb * Xb).sum(axis=1), spec["kernel"], spec["bandwidth"], spec["mode"])
     if spec["write_a"]:
-        _rows_here(spec["key_a"])[:, spec["off_b"] : spec["off_b"] + nb] = B
+        _rows_here(spec["key_a"])[:, spec["off_b"] : spec["off_b"] + B.shape[1]] = B
     if spec["write_b"]:
         _write_transposed(_rows_here(spec["key_b"]), B, spec["off_a"])
     return B if spec["send"] else None
@@ -271,6 +260,11 @@ def _put_block(B: Any, key: Any, off: int, transpose: bool) -> None:
         _write_transposed(dst, B, off)
     else:
         dst[:, off : off + B.shape[1]] = B
+
+
+def _pinned(worker: Any) -> dict:
+    """Submit keywords that keep a task on ``worker`` (none when it is unknown)."""
+    return {"workers": [worker], "allow_other_workers": False} if worker else {}
 
 
 def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, keys: list,
@@ -304,7 +298,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     # pinned (work stealing would move a loosely placed task away from its rows); a
     # pinned task whose worker dies would wait for ever, so the loop below checks
     # that every home is still there and raises FillLost if not (the caller falls back)
-    place = [{"workers": [h], "allow_other_workers": False} if h else {} for h in homes]
+    place = [_pinned(h) for h in homes]
 
     def alive() -> set:
         return set(client.scheduler_info(n_workers=-1).get("workers", {}))
@@ -314,7 +308,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     def drop() -> None:
         wait([client.submit(_discard, [k for c in range(n) if homes[c] == h
                                        for k in (keys[c], final[c])], pure=False,
-                            **({"workers": [h], "allow_other_workers": False} if h else {}))
+                            **_pinned(h))
               for h in {h for h in homes if h} & alive()], timeout=120)
 
     if not all(ok):
@@ -333,7 +327,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                     "key_a": keys[a], "key_b": keys[b], "off_a": int(offs[a]),
                     "off_b": int(offs[b]), "write_a": ha == w,
                     "write_b": hb == w and a != b, "send": ha != hb}
-            kw = {"workers": [w], "allow_other_workers": False} if w else {}
+            kw = _pinned(w)
             B = client.submit(_pair_block, chunks[a], chunks[b], spec, pure=False, **kw)
             if ha == hb:
                 puts.append(B)
@@ -358,9 +352,8 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         by_home: dict = {}
         for c in range(n):
             by_home.setdefault(homes[c], []).append((keys[c], final[c]))
-        published = client.gather([client.submit(_publish, todo, pure=False, **(
-            {"workers": [h], "allow_other_workers": False} if h else {}))
-            for h, todo in by_home.items()])
+        published = client.gather([client.submit(_publish, todo, pure=False, **_pinned(h))
+                                   for h, todo in by_home.items()])
         if not all(published):
             raise FillLost("the kernel rows of a chunk were evicted or lost before the "
                            "fill finished")
