@@ -210,3 +210,33 @@ def test_average_is_the_mean_of_every_iterate(alpha):
     assert alpha < 0.5 or folds >= 10
     np.testing.assert_allclose(prog.averaged(state), np.mean(iterates, axis=0), rtol=1e-9,
                                atol=1e-12 * np.abs(iterates).max())
+
+
+def test_error_falls_like_one_over_t_in_the_regime_of_dai_theorem_4(client):
+    # Dai et al. Thm. 4 / Lemma 9: with gamma_t = theta / t and theta nu = 1,
+    # E|f_t(x) - f*(x)|^2 = O(1/t), f* the regularised optimum over the sample.
+    # Measured with these settings: slope -1.15 (t = 16..128).  A fit that drops the
+    # (1 - gamma nu) shrink of older blocks converges to the unregularised solution
+    # and plateaus (slope near 0); a step B times too large diverges.  -0.75 leaves
+    # room for the noise of one seed's five fits.
+    from scipy.linalg import eigh, solve
+
+    from dkernel.kernels import median_heuristic
+
+    n, batch, block = 1024, 64, 64
+    X, y = make_dai_ridge(n, random_state=3)
+    X64, y64 = X.astype(np.float64), y.astype(np.float64)
+    bw = median_heuristic(X64, "gaussian") / 2
+    K = kernel_matrix(X64, X64, "gaussian", bw)
+    nu = 0.5 * eigh(K / n, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0]
+    f_star = y64.mean() + K @ solve(K + n * nu * np.eye(n), y64 - y64.mean(), assume_a="pos")
+    Xd, yd = da.from_array(X, chunks=(256, -1)), da.from_array(y, chunks=(256,))
+    ts, errors = [16, 32, 64, 128], []
+    for t in ts:  # n / batch = 16 steps an epoch
+        m = DSGRegressor(bandwidth=bw, n_features=t * block, block_size=block, alpha=nu,
+                         batch_size=batch, n_epochs=t // 16, lanes=1, step_size=1.0 / nu,
+                         step_decay=1.0, preconditioner=None, random_state=0,
+                         client=client).fit(Xd, yd)
+        errors.append(np.mean((m.predict(X).astype(np.float64) - f_star) ** 2))
+    slope = np.polyfit(np.log(ts), np.log(errors), 1)[0]
+    assert slope < -0.75, (slope, errors)
