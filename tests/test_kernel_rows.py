@@ -33,19 +33,28 @@ def test_stored_values_are_within_the_modes_rounding(mode):
     assert np.all(err <= limit)
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["gathered", "stored-apart"])
 @pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
-def test_row_gather_products_match_the_dense_kernel(mode):
+def test_row_gather_products_match_the_dense_kernel(mode, apart):
     X, C, K, rng = _problem(1)
     stored = kr.fill(X, C, (C * C).sum(axis=1), "gaussian", 1.5, mode)
     rows = rng.permutation(X.shape[0])[:200]  # unsorted, more than one 128-row tile
     sub = np.sort(rng.choice(C.shape[0], 90, replace=False))
     a = rng.standard_normal((C.shape[0], 3)).astype(np.float32)
-    g, ks = kr.rows_products(stored, mode, rows, a, sub)
+    y = rng.standard_normal((len(rows), 3)).astype(np.float32)
+    stored_sub = kr.subsample_columns(stored, sub) if apart else None
+    g, kg = kr.rows_products(stored, mode, rows, a, y, sub, stored_sub)
     # each stored value is off by at most the mode's bound (times k for bfloat16), so
     # K a is off by at most bound * sum |a_j| per entry
     bound = _BOUND[mode] * np.abs(a).sum(axis=0) + 1e-4
-    assert np.all(np.abs(g - K[rows] @ a) <= bound)
-    assert np.all(np.abs(ks - K[np.ix_(rows, sub)]) <= _BOUND[mode] + 1e-6)
+    r = K[rows] @ a - y
+    assert np.all(np.abs(g - r) <= bound)
+    # kg = K(S, X_b) g: the stored values' error (bound) times |g|, plus K times g's error
+    ks = K[np.ix_(rows, sub)]
+    kg_bound = ((_BOUND[mode] + 1e-6) * np.abs(g).sum(axis=0)
+                + np.abs(ks).T @ np.broadcast_to(bound, g.shape))
+    assert kg.dtype == np.float64
+    assert np.all(np.abs(kg - ks.T @ r) <= kg_bound)
 
 
 @pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from dask.base import tokenize
 
 from dkernel.backend import namespace
 from dkernel.data.dataset import open_dataset
@@ -50,6 +51,8 @@ from dkernel.solvers.kernel_rows import (
     kernel_rows_key,
     rows_products,
     stored_bytes,
+    subsample_columns,
+    tile_products,
 )
 from dkernel.solvers.targets import TargetEncoding
 
@@ -176,7 +179,7 @@ class KernelPreconditioner:
 
 # --- worker side of a step ---------------------------------------------------------
 def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
-    """g = K(X_b, C) a - y_b on this task's rows, and K(S, X_b) g."""
+    """g = K(X_b, C) a - y_b on this task's rows, and K(S, X_b) g (summed tile by tile)."""
     C, C_sq = payload["centers"], payload["centers_sq"]
     kernel, bw, mode = payload["kernel"], payload["bandwidth"], payload["cache"]
     encoding: TargetEncoding = payload["encoding"]
@@ -192,20 +195,23 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
                                       lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
                                       stored_bytes(n_c, p, mode), owner=chunk.run)
     m = rows.shape[0]
+    y = encoding.encode(chunk.y_rows, np.float32)
     if stored is not None:
-        g, ks = rows_products(stored, mode, rows, a, sub)
+        # the subsample columns apart, so a step reads them without a gather (+ s / p memory)
+        stored_sub = cache.lookup_or_fill(key + ("sub", payload["sub_token"]),
+                                          lambda: subsample_columns(stored, sub),
+                                          stored_bytes(n_c, len(sub), mode), owner=chunk.run)
+        g, kg = rows_products(stored, mode, rows, a, y, sub, stored_sub)
     else:
         g = xp.empty((m, a.shape[1]), dtype=np.float32)
-        ks = xp.empty((m, sub.shape[0]), dtype=np.float32)
+        kg = xp.zeros((sub.shape[0], a.shape[1]), dtype=np.float64)
         for i in range(0, m, TILE_ROWS):
             r = rows[i : i + TILE_ROWS]
             T = buffer("tile", (r.shape[0], p), np.float32, chunk.X)
             kernel_into(chunk.X[r], C, C_sq, kernel, bw, T)
-            xp.matmul(T, a, out=g[i : i + r.shape[0]])
-            ks[i : i + r.shape[0]] = T[:, sub]
-    g -= encoding.encode(chunk.y_rows, np.float32)
+            tile_products(T, a, y[i : i + r.shape[0]], sub, g[i : i + r.shape[0]], kg)
     offset = int(payload["offsets"][chunk.key[1]])
-    return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(ks.T @ g).astype(np.float64),
+    return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(kg),
             "loss": float(xp.sum(g * g)), "count": m}
 
 
@@ -246,7 +252,8 @@ class KernelEigenProProgram(StepProgram):
         return {"centers": C, "centers_sq": (C * C).sum(axis=1).astype(np.float32),
                 "sub_idx": self.sub_idx, "offsets": self.offsets, "kernel": self.kernel,
                 "bandwidth": float(self.bandwidth), "encoding": self.encoding,
-                "cache": self.cache_mode, "centers_token": self.centers_token}
+                "cache": self.cache_mode, "centers_token": self.centers_token,
+                "sub_token": tokenize(self.sub_idx)}
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         return {"coef": state["coef"].astype(np.float32)}
