@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.backend import namespace
+from dkernel.backend import asarray_like, namespace
 from dkernel.kernels import kernel_matrix
 
 CACHE_MODES = ("float32", "fixed16", "bfloat16", "off")
@@ -171,13 +171,13 @@ def tile_products(T: Any, a: Any, y: Any, sub: Any, r: Any, kg: Any,
     r -= y
     if T_sub is None:
         T_sub = buffer("sub-tile", (T.shape[0], len(sub)), np.float32, T)
-        xp.take(T, sub, axis=1, out=T_sub)
+        xp.take(T, asarray_like(sub, T), axis=1, out=T_sub)
     kg += (T_sub.T @ r).astype(kg.dtype)
 
 
 def subsample_columns(stored: Any, sub: Any) -> Any:
     """The stored rows' subsample columns K(X_c, S), contiguous, in the stored encoding."""
-    return namespace(stored).take(stored, sub, axis=1)
+    return namespace(stored).take(stored, asarray_like(sub, stored), axis=1)
 
 
 def rows_products(stored: Any, mode: str, rows: Any, a: Any, y: Any, sub: Any,
