@@ -215,10 +215,10 @@ def test_average_is_the_mean_of_every_iterate(alpha):
 def test_error_falls_like_one_over_t_in_the_regime_of_dai_theorem_4(client):
     # Dai et al. Thm. 4 / Lemma 9: with gamma_t = theta / t and theta nu = 1,
     # E|f_t(x) - f*(x)|^2 = O(1/t), f* the regularised optimum over the sample.
-    # Measured with these settings: slope -1.15 (t = 16..128).  A fit that drops the
+    # Measured with these settings: slope -1.14 (t = 16..128).  A fit that drops the
     # (1 - gamma nu) shrink of older blocks converges to the unregularised solution
-    # and plateaus (slope near 0); a step B times too large diverges.  -0.75 leaves
-    # room for the noise of one seed's five fits.
+    # and plateaus (measured +0.03).  -0.75 leaves room for the noise of one seed's
+    # four fits.
     from scipy.linalg import eigh, solve
 
     from dkernel.kernels import median_heuristic

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
-from dkernel.backend import namespace
+from dkernel.backend import asarray_like, namespace
 from dkernel.data.dataset import open_dataset
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
@@ -185,7 +185,7 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     encoding: TargetEncoding = payload["encoding"]
     xp = namespace(chunk.X)
     a = xp.asarray(payload["coef"])
-    sub = payload["sub_idx"]
+    sub = asarray_like(payload["sub_idx"], chunk.X)  # once, not per tile
     n_c, p = chunk.X.shape[0], C.shape[0]
     rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
     stored = None

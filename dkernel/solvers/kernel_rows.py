@@ -160,7 +160,8 @@ def fill(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) ->
 # --- reading rows ----------------------------------------------------------------------
 def tile_products(T: Any, a: Any, y: Any, sub: Any, r: Any, kg: Any,
                   T_sub: Any | None = None) -> None:
-    """For one tile T = K(X_t, C): r = T a - y (into ``r``) and kg += T[:, sub]^T r.
+    """For one tile T = K(X_t, C): r = T a - y (into ``r``) and kg += T[:, sub]^T r
+    (``sub`` on T's backend).
 
     ``T_sub``, the tile's subsample columns when they are stored apart
     (:func:`subsample_columns`), saves the column gather: on a worker it cost as
@@ -171,7 +172,7 @@ def tile_products(T: Any, a: Any, y: Any, sub: Any, r: Any, kg: Any,
     r -= y
     if T_sub is None:
         T_sub = buffer("sub-tile", (T.shape[0], len(sub)), np.float32, T)
-        xp.take(T, asarray_like(sub, T), axis=1, out=T_sub)
+        xp.take(T, sub, axis=1, out=T_sub)
     kg += (T_sub.T @ r).astype(kg.dtype)
 
 
