@@ -296,3 +296,41 @@ def test_map_reduce_memory_does_not_grow_with_the_number_of_chunks(client, tmp_p
     # the pairing depends on the chunk count alone: the same bits on a rerun
     again = Engine(client).map_reduce(data, _sum_and_gram, window=7)
     assert np.array_equal(again["A"], total["A"])
+
+
+def _count_rows(payload, X, y):
+    return {"count": X.shape[0]}
+
+
+def test_the_clients_blas_runs_on_one_thread_during_steps_and_is_restored_after(client):
+    # OpenBLAS helper threads spin after each threaded call on the client, on the
+    # cores the workers compute on (DESIGN 5): the step loop keeps BLAS on one thread
+    from threadpoolctl import threadpool_info
+
+    from dkernel.engine.program import StepProgram
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    seen = []
+
+    class Record(StepProgram):
+        partial = staticmethod(_count_rows)
+        label = "record"
+
+        def init_state(self):
+            return {"x": np.zeros(1)}
+
+        def payload(self, state, step):
+            return {}
+
+        def update(self, state, total, step):
+            np.ones((64, 64)) @ np.ones((64, 64))  # a BLAS call on the client
+            seen.extend(blas_threads())
+            return state
+
+    before = blas_threads()
+    data = open_dataset(np.zeros((400, 2), np.float32), chunk_rows=100)
+    Engine(client).run_steps(data, Record(), n_epochs=1, batch_size=100, random_state=0)
+    assert seen and set(seen) == {1}
+    assert blas_threads() == before
