@@ -20,6 +20,7 @@ from dkernel.estimators.base import (
     BaseEstimator,
     accuracy_any,
     apply_rows,
+    bandwidth_rows,
     binary_margin,
     check_common_params,
     discover_classes,
@@ -60,8 +61,6 @@ _STEP_SCALE = {"squared": 1.0, "huber": 1.0, "epsilon_insensitive": 1.0, "quanti
 #: Rows the preconditioner is computed on and the most eigenpairs it keeps:
 #: its cost depends on these and D, never on n.
 _PRECONDITIONER_ROWS = 4000
-#: Rows of the bandwidth ("auto") sample: the median of ~500k distances.
-_BANDWIDTH_ROWS = 1000
 _PRECONDITIONER_PAIRS = 513
 
 _DOC_PARAMS = """
@@ -228,11 +227,10 @@ class _DSGBase(BaseEstimator):
             # sample is read: both are fixed costs of every fit
             with ThreadPoolExecutor(1) as pool:
                 pending = pool.submit(self._encoding, data, client)
-                rows = sample_rows(data, self.random_state_, client,
-                                   size=_PRECONDITIONER_ROWS if shared else _BANDWIDTH_ROWS)
+                rows = (sample_rows(data, self.random_state_, client, size=_PRECONDITIONER_ROWS)
+                        if shared else sample_rows(data, self.random_state_, client))
                 encoding = pending.result()
-            sample = rows[np.random.default_rng([self.random_state_, 0xBA4E]).choice(
-                len(rows), min(len(rows), _BANDWIDTH_ROWS), replace=False)] if shared else rows
+            sample = bandwidth_rows(rows, self.random_state_) if shared else rows
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = labels

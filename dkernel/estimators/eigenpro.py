@@ -22,6 +22,7 @@ from dkernel.engine import cache as worker_cache
 from dkernel.estimators.base import (
     BaseEstimator,
     accuracy_any,
+    bandwidth_rows,
     binary_margin,
     check_common_params,
     discover_classes,
@@ -187,12 +188,23 @@ class _EigenProBase(BaseEstimator):
         data = open_dataset(X, y, require_y=True)
         with connect(self.client) as client:
             bandwidth = self.bandwidth
+            # one read serves the random-feature preconditioner and the bandwidth
+            # (its rows are all training rows unless some are held out)
+            shared = self._form == "features" and not self.early_stopping
+            rows, t_read = None, 0.0
             # the pass over y (its mean or classes) runs while the sample is read
             with ThreadPoolExecutor(1) as pool:
                 pending = pool.submit(self._encoding, data, client)
+                if shared:
+                    t_read = time.perf_counter()
+                    rows = sample_rows(data, self.random_state_, client,
+                                       size=self._rf_subsample(data))
+                    t_read = time.perf_counter() - t_read
                 if isinstance(bandwidth, str):
-                    bandwidth = resolve_bandwidth(bandwidth, self.kernel,
-                                                  sample_rows(data, self.random_state_, client))
+                    bandwidth = resolve_bandwidth(
+                        bandwidth, self.kernel,
+                        bandwidth_rows(rows, self.random_state_) if shared
+                        else sample_rows(data, self.random_state_, client))
                 encoding = pending.result()
             if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = labels
@@ -204,7 +216,7 @@ class _EigenProBase(BaseEstimator):
             if self._form == "kernel":
                 self._fit_kernel(engine, client, data, val, bandwidth, encoding, rng)
             else:
-                self._fit_features(engine, data, val, bandwidth, encoding)
+                self._fit_features(engine, data, val, bandwidth, encoding, rows, t_read)
         return self
 
     def _fit_kernel(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
@@ -367,8 +379,15 @@ class _EigenProBase(BaseEstimator):
                   f"{last.get('residual', nan):.3g} train mse={last.get('loss', nan):.4g}",
                   flush=True)
 
+    def _rf_subsample(self, data: Dataset) -> int:
+        return min(data.n_rows, int(self.subsample_size or _RF_SUBSAMPLE))
+
     def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
-                      encoding: TargetEncoding) -> None:
+                      encoding: TargetEncoding, sample: np.ndarray | None,
+                      read_seconds: float) -> None:
+        """EigenPro-RF (Table 1).  ``sample``: the preconditioner's rows when the
+        caller read them already (in ``read_seconds``, counted in
+        ``preconditioner_seconds_``), else None."""
         B = min(int(self.block_size), int(self.n_features))
         n_blocks = math.ceil(int(self.n_features) / B)
         D = n_blocks * B
@@ -378,14 +397,15 @@ class _EigenProBase(BaseEstimator):
         engine.options.lanes = self.lanes_
         max_batch = int(self.max_batch or default_batch(self.lanes_, D, data.n_rows))
         # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
-        s = min(data.n_rows, int(self.subsample_size or _RF_SUBSAMPLE))
+        s = self._rf_subsample(data)
         t0 = time.perf_counter()
-        sample = sample_rows(data, self.random_state_, engine.client, size=s)
+        if sample is None:  # rows held out for early stopping are not sampled
+            sample = sample_rows(data, self.random_state_, engine.client, size=s)
         pre, beta, eig = feature_preconditioner(
             engine, sample, features, n_blocks, min(D, _RF_PAIRS if D <= 4096 else _RF_PAIRS_RANDOMIZED),
             max_batch, tau, self.random_state_,
             q=self.q, label="eigenpro-rf preconditioner")
-        self.preconditioner_seconds_ = time.perf_counter() - t0
+        self.preconditioner_seconds_ = time.perf_counter() - t0 + read_seconds
         q = pre.q
         m_star = critical_batch(beta, pre.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
