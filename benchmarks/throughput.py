@@ -174,10 +174,12 @@ def preconditioner_seconds(client, store: str, n_features: int) -> dict:
 
 
 def run(n_workers: int, args, store: str, test: tuple) -> dict:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    from dkernel.engine import local_cluster
+
+    # the cluster dkernel starts itself (single-threaded workers, its malloc settings)
+    with local_cluster(n_workers, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         ceiling = measure_ceiling(client, args.inputs, args.features)
         res = {"workers": n_workers, "ceiling_rows_per_s": ceiling,
                "step_overhead": step_overhead(client)}
@@ -244,11 +246,13 @@ def main() -> None:
         for k, v in results["scaling"].items():
             print(f"{k}: {args.workers} workers / 1 worker rows/s = {v:.2f}")
     if args.precond_rows:
-        from distributed import Client, LocalCluster
+        from distributed import Client
+
+        from dkernel.engine import local_cluster
 
         results["preconditioner"] = []
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0",
-                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        with local_cluster(args.workers, silence_logs=logging.ERROR) as cluster, \
+                Client(cluster) as client:
             for rows in args.precond_rows:
                 path = os.path.join(args.data, f"train-{rows}x{args.inputs}.zarr")
                 if not os.path.exists(path):

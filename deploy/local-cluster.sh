@@ -279,7 +279,12 @@ done
 sleep 0.2
 ADDRESS="$(scheduler_address)"
 
+# glibc settings for the worker processes, as dkernel's own LocalCluster gives
+# them (dkernel/engine/cluster.py, WORKER_MALLOC): chunk-sized buffers are
+# reused instead of faulting in fresh pages on every read.  A nanny passes its
+# environment's values on and they win over Dask's configured 64 KiB.
 # --death-timeout: workers exit by themselves if the scheduler disappears.
+MALLOC_TRIM_THRESHOLD_=67108864 MALLOC_MMAP_THRESHOLD_=33554432 \
 setsid "$DASK" worker "$ADDRESS" --nworkers "$WORKERS" --nthreads "$THREADS" \
     --memory-limit "$MEMORY" --local-directory "$DIR/worker-space" "${TLS_ARGS[@]}" \
     --no-dashboard --death-timeout 60 \

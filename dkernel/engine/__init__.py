@@ -1,9 +1,9 @@
 """The distributed engine: cluster connection, the coordinator loop, checkpoints, progress."""
 
-from dkernel.engine.cluster import connect
+from dkernel.engine.cluster import connect, local_cluster
 from dkernel.engine.guard import DivergenceError, FitQualityWarning
 from dkernel.engine.loop import Engine, EngineOptions, tree_sum
 from dkernel.engine.program import StepProgram
 
-__all__ = ["connect", "DivergenceError", "Engine", "EngineOptions", "FitQualityWarning",
+__all__ = ["connect", "local_cluster", "DivergenceError", "Engine", "EngineOptions", "FitQualityWarning",
            "StepProgram", "tree_sum"]
