@@ -23,6 +23,25 @@ def test_store_by_path_and_file_url_open_lazily_with_row_chunks(tmp_path):
         np.testing.assert_array_equal(data.X.compute(), X)
 
 
+def test_a_store_rows_read_in_one_task_are_the_dask_arrays_rows(tmp_path):
+    from dkernel.data.dataset import read_store_rows
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((1000, 5)).astype(np.float32)
+    y = rng.standard_normal(1000)
+    data = open_dataset(write_store(tmp_path / "s.zarr", X, y, chunk_rows=300))
+    assert data.store is not None and data.store.root == str(tmp_path / "s.zarr")
+    Xc, yc = read_store_rows(data.store, 300, 600)
+    np.testing.assert_array_equal(Xc, data.X.blocks[1].compute())
+    np.testing.assert_array_equal(yc, data.y.blocks[1].compute())
+    Xr, yr = read_store_rows(data.store, 900, 1000, np.array([0, 7, 99]))
+    np.testing.assert_array_equal(Xr, X[[900, 907, 999]])
+    np.testing.assert_array_equal(yr, y[[900, 907, 999]])
+    # y given apart from the store, or rows taken out of it: no store reader
+    assert open_dataset(tmp_path / "s.zarr", y).store is None
+    assert open_dataset(data.X[::2], data.y[::2]).store is None
+
+
 def test_memory_url_store_round_trip():
     X = np.ones((40, 3), dtype=np.float32)
     g = zarr.open_group("memory://dkernel-test.zarr", mode="w")

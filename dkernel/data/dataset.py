@@ -17,6 +17,17 @@ _CHUNK_BYTES = 32 * 2**20
 _MIN_CHUNKS = 8
 
 
+@dataclass(frozen=True)
+class StoreArrays:
+    """The zarr arrays behind a store's X and y, for reading a row chunk in one
+    task (:func:`read_store_rows`) instead of building a dask graph per chunk."""
+
+    X: Any
+    y: Any | None
+    #: the local folder every worker must see (None for URLs such as s3://)
+    root: str | None
+
+
 @dataclass
 class Dataset:
     """Row-chunked X (n x d) and optional y with the same row chunks."""
@@ -28,6 +39,9 @@ class Dataset:
     #: scatters their chunks to the workers once instead of re-sending a graph
     #: that embeds the whole array.
     host: tuple[np.ndarray, np.ndarray | None] | None = None
+    #: The zarr arrays behind X / y when both come from one store (X, y as
+    #: dask arrays are the same data; derived datasets have none).
+    store: StoreArrays | None = None
 
     @property
     def n_rows(self) -> int:
@@ -117,6 +131,21 @@ def _visible_on_workers(arr: da.Array, url: str) -> da.Array:
     return arr.map_blocks(_check_store_visible, root, dtype=arr.dtype)
 
 
+def read_store_rows(store: StoreArrays, start: int, stop: int,
+                    rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows ``start:stop`` of X and y (``rows`` of them, relative to ``start``,
+    when given), read on a worker.  A chunk read through dask's graph of the
+    same arrays was three tasks and ~6 ms of client time to build; on 2
+    workers and 2 cores that client time came out of the workers' share."""
+    if store.root is not None:
+        _check_store_visible(None, store.root)
+    X = np.asarray(store.X[start:stop])
+    y = None if store.y is None else np.asarray(store.y[start:stop])
+    if rows is not None:
+        X, y = X[rows], None if y is None else y[rows]
+    return X, y
+
+
 def _check_store_visible(block: Any, root: str) -> Any:
     if not os.path.isdir(root):
         import socket
@@ -187,14 +216,19 @@ def open_dataset(
         NumPy input, checked at once) NaN / infinity.
     """
     source = "array"
+    store = None
     if isinstance(X, (str, os.PathLike)):
         source = os.fspath(X)
         group = _open_zarr_group(source, storage_options)
         if "X" not in group:
             raise ValueError(f"store {source!r} has no array 'X' (found: {sorted(group.keys())})")
         Xa = _visible_on_workers(_from_store(group, "X", source, storage_options), source)
-        if y is None and "y" in group:
-            y = _visible_on_workers(_from_store(group, "y", source, storage_options), source)
+        if y is None:
+            local = "://" not in source or source.startswith("file://")
+            store = StoreArrays(group["X"], group["y"] if "y" in group else None,
+                                os.path.abspath(source.removeprefix("file://")) if local else None)
+            if "y" in group:
+                y = _visible_on_workers(_from_store(group, "y", source, storage_options), source)
         X = Xa
     in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
     if isinstance(X, (list, tuple)):
@@ -238,7 +272,7 @@ def open_dataset(
     host = None
     if in_memory and (y is None or isinstance(y, np.ndarray)):
         host = (np.asarray(X), None if y is None else np.asarray(y))
-    return Dataset(Xd, yd, source, host)
+    return Dataset(Xd, yd, source, host, store)
 
 
 def _short(chunks: tuple) -> str:

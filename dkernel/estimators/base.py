@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
-from dkernel.data.dataset import Dataset, open_dataset
+from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
 from dkernel.data.validate import check_positive
 from dkernel.engine import EngineOptions
 from dkernel.kernels import median_heuristic
@@ -185,9 +185,15 @@ def sample_rows(data: Dataset, random_state: int, client: Any, size: int = _BAND
         offsets = data.row_offsets()
         owner = np.searchsorted(offsets, idx, side="right") - 1
         chunks = np.unique(owner)
-        blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
-        parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
-                                for b, c in zip(blocks, chunks)])
+        if data.store is not None:
+            # no y: a store of X only is read the same way
+            xs = StoreArrays(data.store.X, None, data.store.root)
+            parts = [client.submit(_store_rows, xs, int(offsets[c]), int(offsets[c + 1]),
+                                   idx[owner == c] - offsets[c], pure=False) for c in chunks]
+        else:
+            blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
+            parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
+                                    for b, c in zip(blocks, chunks)])
         sample = np.concatenate([np.asarray(p, dtype=np.float64) for p in client.gather(parts)])
     bad = ~np.isfinite(sample).all(axis=1)
     if bad.any():
@@ -206,6 +212,10 @@ def bandwidth_rows(rows: np.ndarray, random_state: int) -> np.ndarray:
     pick = np.random.default_rng([int(random_state), 0xBA4E]).choice(
         len(rows), _BANDWIDTH_SAMPLE, replace=False)
     return rows[pick]
+
+
+def _store_rows(store: StoreArrays, start: int, stop: int, rows: np.ndarray) -> np.ndarray:
+    return read_store_rows(store, start, stop, rows)[0]
 
 
 def _take_rows(block: Any, rows: np.ndarray) -> np.ndarray:
