@@ -91,14 +91,16 @@ def main() -> None:
     args = p.parse_args()
 
     from dask.utils import parse_bytes
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from dkernel.datasets import make_store
+    from dkernel.engine import local_cluster
 
     limit = parse_bytes(args.memory_limit)
     out = {"settings": vars(args), "memory_limit_bytes": limit}
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, memory_limit=limit,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+    # the cluster dkernel starts itself: single-threaded workers, its malloc
+    # settings (a chunk-sized buffer is reused, not mapped afresh per read)
+    with local_cluster(args.workers, memory_limit=limit, silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         stores = {}
         for name, gb in (("big", args.gb), ("small", args.small_gb)):

@@ -6,15 +6,18 @@ with early stopping; its learning curve goes to quickstart.png when matplotlib i
 
 import tempfile
 
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from dkernel import DSGClassifier, load_model
 from dkernel.data import open_dataset
 from dkernel.datasets import make_store
+from dkernel.engine import local_cluster
 
 if __name__ == "__main__":  # workers are spawned processes: keep the guard
     folder = tempfile.mkdtemp()
-    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+    # the LocalCluster dkernel starts itself when given no client: one thread per
+    # worker process and malloc settings that reuse chunk-sized buffers
+    with local_cluster(2) as cluster, Client(cluster) as client:
         # the workers write the stores, one chunk per task
         train = make_store(f"{folder}/train.zarr", 20000, 10, chunk_rows=2500, client=client)
         test = make_store(f"{folder}/test.zarr", 5000, 10, chunk_rows=2500, random_state=1,
