@@ -3,6 +3,10 @@ SGD, the distributed eigensolver on both workers, estimators and model files."""
 
 from __future__ import annotations
 
+import pickle
+import warnings
+
+import dask.array as da
 import numpy as np
 import pytest
 
@@ -455,3 +459,24 @@ def test_a_worker_lost_during_the_kernel_row_fill_falls_back_and_fits_the_same_m
     # measured: max |a - b| 1.1e-4 against max |b| 1.95; held-out R^2 0.987 for both
     np.testing.assert_allclose(a, b, atol=1e-3 * np.abs(b).max())
     assert model.score(Xt, yt) > 0.95
+
+
+def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client):
+    # 2700 centers x 1000 inputs = 10.8 MB: embedded, every compute of the lazy
+    # prediction sends them through the scheduler (Dask warns past 10 MB)
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2700, 1000)).astype(np.float32)
+    y = X[:, 0] - 0.5 * X[:, 1]
+    model = EigenProRegressor(bandwidth=40.0, n_epochs=1, client=client).fit(X, y)
+    assert model.centers_.nbytes > 10 * 2**20
+    Xd = da.from_array(X[:600], chunks=(200, 1000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Sending large graph" would fail here
+        lazy = model.predict(Xd)
+        got = lazy.compute()
+    # (200-row blocks against one 600-row block: BLAS sums in another order)
+    np.testing.assert_allclose(got, model.predict(X[:600]), rtol=1e-5, atol=1e-5)
+    # the graph refers to the model scattered once instead of holding it: what
+    # it carries is the 2.4 MB of X blocks
+    graph = pickle.dumps(dict(lazy.__dask_graph__()))
+    assert len(graph) < Xd.nbytes + model.centers_.nbytes / 10

@@ -419,6 +419,35 @@ def check_predict_input(X: Any, n_inputs: int, name: str = "X") -> Any:
     return X
 
 
+#: Above this many bytes a lazy prediction graph gets the model's arrays as
+#: one scattered future instead of embedded: kernel-form EigenPro's centers on
+#: Fashion-MNIST are 188 MB, which every compute would send through the
+#: scheduler (Dask warns "Sending large graph" past 10 MB).
+_GRAPH_EMBED_BYTES = 8 << 20
+
+
+def graph_value(value: dict, client: Any = None) -> Any:
+    """``value`` (a dict of model arrays) as an argument of a lazy graph's tasks.
+
+    Small values are embedded.  Large ones go to the cluster once, scattered
+    with ``client`` or the running default client, and the graph refers to
+    them; the lazy result then needs that client alive when it is computed.
+    With no client (the threaded scheduler) they are embedded as well."""
+    nbytes = sum(v.nbytes for v in value.values() if isinstance(v, np.ndarray))
+    if nbytes > _GRAPH_EMBED_BYTES:
+        if client is None:
+            from distributed import default_client
+
+            try:
+                client = default_client()
+            except ValueError:  # no distributed client: nothing to scatter to
+                client = None
+        if client is not None:
+            # wrapped in a list: scatter would split a dict into one future per key
+            return client.scatter([value], hash=True)[0]
+    return dask.delayed(value, pure=True)
+
+
 def apply_rows(fn: Callable[[Any], Any], X: Any, n_out: int | None, dtype: Any,
                tile_rows: int = 4096) -> Any:
     """Apply a row-wise function: lazily (map_blocks) on dask input, tile by tile on NumPy."""
