@@ -4,6 +4,8 @@ SGD, the distributed eigensolver on both workers, estimators and model files."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import warnings
 
 import dask.array as da
@@ -461,7 +463,7 @@ def test_a_worker_lost_during_the_kernel_row_fill_falls_back_and_fits_the_same_m
     assert model.score(Xt, yt) > 0.95
 
 
-def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client):
+def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client, tmp_path):
     # 2700 centers x 1000 inputs = 10.8 MB: embedded, every compute of the lazy
     # prediction sends them through the scheduler (Dask warns past 10 MB)
     rng = np.random.default_rng(3)
@@ -480,3 +482,13 @@ def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client):
     # it carries is the 2.4 MB of X blocks
     graph = pickle.dumps(dict(lazy.__dask_graph__()))
     assert len(graph) < Xd.nbytes + model.centers_.nbytes / 10
+    # with no cluster at all (a saved model, dask's threaded scheduler) they are
+    # embedded, and the lazy prediction still computes
+    model.save(tmp_path / "ep.npz")
+    np.save(tmp_path / "X.npy", X[:600])
+    code = ("import dask.array as da, numpy as np, sys; from dkernel import load_model; "
+            "m = load_model(sys.argv[1]); X = da.from_array(np.load(sys.argv[2]), chunks=(200, 1000)); "
+            "np.save(sys.argv[3], m.predict(X).compute())")
+    subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code, str(tmp_path / "ep.npz"),
+                    str(tmp_path / "X.npy"), str(tmp_path / "pred.npy")], check=True, timeout=120)
+    np.testing.assert_array_equal(np.load(tmp_path / "pred.npy"), got)

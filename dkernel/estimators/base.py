@@ -426,23 +426,23 @@ def check_predict_input(X: Any, n_inputs: int, name: str = "X") -> Any:
 _GRAPH_EMBED_BYTES = 8 << 20
 
 
-def graph_value(value: dict, client: Any = None) -> Any:
+def graph_value(value: dict) -> Any:
     """``value`` (a dict of model arrays) as an argument of a lazy graph's tasks.
 
     Small values are embedded.  Large ones go to the cluster once, scattered
-    with ``client`` or the running default client, and the graph refers to
-    them; the lazy result then needs that client alive when it is computed.
-    With no client (the threaded scheduler) they are embedded as well."""
+    with the running default client -- the one ``compute`` will use -- and the
+    graph refers to them; the lazy result then needs that client open when it
+    is computed.  With no running client (the threaded scheduler, or the fit's
+    client closed since) they are embedded as well."""
     nbytes = sum(v.nbytes for v in value.values() if isinstance(v, np.ndarray))
     if nbytes > _GRAPH_EMBED_BYTES:
-        if client is None:
-            from distributed import default_client
+        from distributed import default_client
 
-            try:
-                client = default_client()
-            except ValueError:  # no distributed client: nothing to scatter to
-                client = None
-        if client is not None:
+        try:
+            client = default_client()
+        except ValueError:  # no distributed client: nothing to scatter to
+            client = None
+        if client is not None and client.status == "running":
             # wrapped in a list: scatter would split a dict into one future per key
             return client.scatter([value], hash=True)[0]
     return dask.delayed(value, pure=True)

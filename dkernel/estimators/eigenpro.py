@@ -500,7 +500,7 @@ class _EigenProBase(BaseEstimator):
         if isinstance(X, da.Array):
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
-            spec_d = graph_value(spec, self.client)
+            spec_d = graph_value(spec)
             parts = [da.from_delayed(dask.delayed(_predict_block)(b, spec_d), shape=(rows, c), dtype=np.float32)
                      for b, rows in zip(X.to_delayed().ravel(), X.chunks[0])]
             f = da.concatenate(parts, axis=0)
