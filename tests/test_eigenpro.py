@@ -487,8 +487,10 @@ def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client, tmp_
     model.save(tmp_path / "ep.npz")
     np.save(tmp_path / "X.npy", X[:600])
     code = ("import dask.array as da, numpy as np, sys; from dkernel import load_model; "
-            "m = load_model(sys.argv[1]); X = da.from_array(np.load(sys.argv[2]), chunks=(200, 1000)); "
+            "m = load_model(sys.argv[1]); "
+            "X = da.from_array(np.load(sys.argv[2]), chunks=(200, 1000)); "
             "np.save(sys.argv[3], m.predict(X).compute())")
-    subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code, str(tmp_path / "ep.npz"),
-                    str(tmp_path / "X.npy"), str(tmp_path / "pred.npy")], check=True, timeout=120)
+    files = [str(tmp_path / name) for name in ("ep.npz", "X.npy", "pred.npy")]
+    subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code, *files],
+                   check=True, timeout=120)
     np.testing.assert_array_equal(np.load(tmp_path / "pred.npy"), got)
