@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import dask.array as da
 import numpy as np
@@ -334,3 +335,43 @@ def test_the_clients_blas_runs_on_one_thread_during_steps_and_is_restored_after(
     Engine(client).run_steps(data, Record(), n_epochs=1, batch_size=100, random_state=0)
     assert seen and set(seen) == {1}
     assert blas_threads() == before
+
+
+def _slow_on_ones(payload, X, y):
+    if X.shape[0] and X[0, 0] == 1.0:
+        time.sleep(0.05)
+    return {"count": X.shape[0]}
+
+
+def test_each_epoch_names_the_worker_whose_lane_made_the_others_wait(client, caplog):
+    # chunks 0 and 2 hold ones and live on the first worker (homes: chunk c on
+    # sorted(workers)[c % 2]); their partials take 50 ms longer than the others
+    from dkernel.engine.program import StepProgram
+
+    class SlowLane(StepProgram):
+        partial = staticmethod(_slow_on_ones)
+        label = "slow lane"
+
+        def init_state(self):
+            return {"x": np.zeros(1)}
+
+        def payload(self, state, step):
+            return {}
+
+        def update(self, state, total, step):
+            return state
+
+    X = np.zeros((800, 2), np.float32)
+    X[0:200] = X[400:600] = 1.0
+    data = open_dataset(X, chunk_rows=200)
+    engine = Engine(client, EngineOptions(lanes=2))
+    with caplog.at_level("INFO", logger="dkernel.engine"):
+        engine.run_steps(data, SlowLane(), n_epochs=1, batch_size=200, random_state=0)
+    entry = engine.history[0]
+    assert entry["steps"] == 4
+    # each step's other lane waited ~50 ms: the sleep, less the lanes' mean of it
+    assert 4 * 0.02 < entry["straggler_seconds"] < entry["seconds"]
+    first = sorted(client.nthreads())[0]
+    line = next(r.getMessage() for r in caplog.records if "slowest lane" in r.getMessage())
+    # (a step task may, rarely, run off its home: "most often", not "always")
+    assert f"most often {first}: " in line and "of 4 steps" in line

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import dask
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future, get_worker, wait
 from threadpoolctl import threadpool_limits
 
 from dkernel.backend import align_arrays, aligned
@@ -110,14 +110,20 @@ def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.nd
 
 def _run_step_partial(*args: Any, **kwargs: Any) -> dict:
     """A step's partial result plus the seconds it computed (``_seconds``, summed
-    over the lanes like every entry), so an epoch can say where its time went."""
+    over the lanes like every entry) and (seconds, worker) of the slowest lane
+    (``_slowest``, kept by max), so an epoch can say where its time went."""
     t0 = time.perf_counter()
     out = _run_partial(*args, **kwargs)
-    return {**out, "_seconds": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    try:
+        where = get_worker().address
+    except ValueError:  # not on a worker
+        where = ""
+    return {**out, "_seconds": seconds, "_slowest": (seconds, where)}
 
 
 def _add(a: dict, b: dict) -> dict:
-    return {k: a[k] + b[k] for k in a}
+    return {k: max(a[k], b[k]) if k == "_slowest" else a[k] + b[k] for k in a}
 
 
 def tree_sum(client: Client, parts: list[Future]) -> dict:
@@ -339,7 +345,8 @@ class Engine:
                 step += per_epoch[epoch]
                 continue
             seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter(),
-                    "compute": 0.0, "wait": 0.0, "update": 0.0}
+                    "compute": 0.0, "wait": 0.0, "update": 0.0, "straggle": 0.0,
+                    "slowest": {}}
             groups = [g for g in plan.groups(epoch)]
             todo, skipped = [], step
             for g in groups:  # groups fully before the resume point are not loaded
@@ -390,7 +397,13 @@ class Engine:
                             current, loaded = source.get(group), {}
                             payload = _ship(self.client, program.payload(state, step))
                             extra = () if constants is None else (_ship(self.client, constants),)
-                    seen["compute"] += float(total.pop("_seconds", 0.0))
+                    lane_seconds = float(total.pop("_seconds", 0.0))
+                    seen["compute"] += lane_seconds
+                    slowest = total.pop("_slowest", None)
+                    if slowest is not None and len(futs) > 1:
+                        # the other lanes waited, on average, max - mean for this one
+                        seen["straggle"] += slowest[0] - lane_seconds / len(futs)
+                        seen["slowest"][slowest[1]] = seen["slowest"].get(slowest[1], 0) + 1
                     t_update = time.perf_counter()
                     restored = guard.before_update(state, total, step)
                     if restored is None:
@@ -415,7 +428,7 @@ class Engine:
                 "seconds": time.perf_counter() - seen["t0"]}
             entry.update(_time_budget(seen, entry["seconds"], plan.lanes))
             self.history.append(entry)
-            _report_epoch(program.label, entry, plan.lanes, opts.progress)
+            _report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"])
             if on_epoch is not None:
                 on_epoch(state, epoch)
             if program.should_stop(state, epoch):
@@ -562,22 +575,33 @@ class Engine:
 def _time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
     """Where an epoch's time went: ``compute_seconds`` (the partials' own time,
     summed over lanes), ``busy`` (that over ``lanes`` x the epoch: 1 means the
-    lanes never waited), ``update_seconds`` (the client's updates) and
-    ``wait_seconds`` (the client waiting for step results)."""
+    lanes never waited), ``update_seconds`` (the client's updates),
+    ``wait_seconds`` (the client waiting for step results) and
+    ``straggler_seconds`` (per lane, the wait for each step's slowest lane:
+    its compute time less the lanes' mean, summed over the steps)."""
     return {"compute_seconds": seen["compute"],
             "busy": seen["compute"] / max(lanes * seconds, 1e-9),
-            "update_seconds": seen["update"], "wait_seconds": seen["wait"]}
+            "update_seconds": seen["update"], "wait_seconds": seen["wait"],
+            "straggler_seconds": seen["straggle"]}
 
 
-def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool) -> None:
-    """Say why an epoch was slow: logged at INFO always, printed when verbose."""
+def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool,
+                  slowest: dict[str, int] | None = None) -> None:
+    """Say why an epoch was slow: logged at INFO always, printed when verbose.
+    ``slowest``: worker -> steps in which its lane computed longest."""
     idle = entry["seconds"] - entry["compute_seconds"] / lanes
     rate = entry["rows"] / max(entry["seconds"], 1e-9)
+    straggler = ""
+    if slowest:
+        worker, count = max(slowest.items(), key=lambda kv: kv[1])
+        straggler = (f", {entry['straggler_seconds']:.1f} s waiting for each step's slowest "
+                     f"lane (most often {worker or 'one lane'}: {count} of "
+                     f"{sum(slowest.values())} steps)")
     text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {rate:,.0f} rows/s; "
             f"lanes busy {100 * entry['busy']:.0f}% ({entry['compute_seconds']:.1f} s of compute "
             f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
-            f"{entry['update_seconds']:.1f} s, the rest went to chunk reads, scheduling and "
-            "waiting for the slowest lane")
+            f"{entry['update_seconds']:.1f} s{straggler}, the rest went to chunk reads and "
+            "scheduling")
     _log.info(text)
     if verbose and entry["busy"] < 0.8 and entry["seconds"] > 5:
         print(text + (" (fewer, wider steps -- a larger batch_size -- or chunks on faster "

@@ -4,8 +4,8 @@ iterative estimators (DSG, EigenPro, KernelPCA / KSVD / KCCA).
 Every fit keeps ``history_``: one dict per epoch with ``epoch`` (1-based),
 ``loss`` (mean mini-batch loss over the epoch, None where the solver has no
 loss), ``steps``, ``rows``, ``seconds`` and where they went
-(``compute_seconds``, ``busy``, ``update_seconds``, ``wait_seconds``; from
-:attr:`Engine.history`),
+(``compute_seconds``, ``busy``, ``update_seconds``, ``wait_seconds``,
+``straggler_seconds``; from :attr:`Engine.history`),
 plus ``validation_score`` when a validation split is held out and any
 per-epoch objective the estimator adds.  The history is saved with the model
 (JSON metadata), so ``dkernel plot MODEL`` draws it from the file.
@@ -33,7 +33,7 @@ from dkernel.engine import Engine
 
 #: The keys every history entry has; plots draw the other numeric ones.
 BOOKKEEPING = ("epoch", "steps", "rows", "seconds", "compute_seconds", "busy", "update_seconds",
-               "wait_seconds")
+               "wait_seconds", "straggler_seconds")
 
 
 def check_early_stopping_params(est: Any) -> None:
