@@ -14,6 +14,7 @@ from dkernel import DSGClassifier
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification
 from dkernel.engine import Engine, EngineOptions
+from dkernel.engine.program import StepProgram
 
 
 def test_every_row_is_used_exactly_once_per_epoch_and_order_changes_between_epochs():
@@ -303,27 +304,34 @@ def _count_rows(payload, X, y):
     return {"count": X.shape[0]}
 
 
+class _Idle(StepProgram):
+    """Steps that count rows and change nothing: the engine's loop alone."""
+
+    partial = staticmethod(_count_rows)
+    label = "idle"
+
+    def init_state(self):
+        return {"x": np.zeros(1)}
+
+    def payload(self, state, step):
+        return {}
+
+    def update(self, state, total, step):
+        return state
+
+
 def test_the_clients_blas_runs_on_one_thread_during_steps_and_is_restored_after(client):
     # OpenBLAS helper threads spin after each threaded call on the client, on the
     # cores the workers compute on (DESIGN 5): the step loop keeps BLAS on one thread
     from threadpoolctl import threadpool_info
-
-    from dkernel.engine.program import StepProgram
 
     def blas_threads():
         return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
 
     seen = []
 
-    class Record(StepProgram):
-        partial = staticmethod(_count_rows)
+    class Record(_Idle):
         label = "record"
-
-        def init_state(self):
-            return {"x": np.zeros(1)}
-
-        def payload(self, state, step):
-            return {}
 
         def update(self, state, total, step):
             np.ones((64, 64)) @ np.ones((64, 64))  # a BLAS call on the client
@@ -346,20 +354,9 @@ def _slow_on_ones(payload, X, y):
 def test_each_epoch_names_the_worker_whose_lane_made_the_others_wait(client, caplog):
     # chunks 0 and 2 hold ones and live on the first worker (homes: chunk c on
     # sorted(workers)[c % 2]); their partials take 50 ms longer than the others
-    from dkernel.engine.program import StepProgram
-
-    class SlowLane(StepProgram):
+    class SlowLane(_Idle):
         partial = staticmethod(_slow_on_ones)
         label = "slow lane"
-
-        def init_state(self):
-            return {"x": np.zeros(1)}
-
-        def payload(self, state, step):
-            return {}
-
-        def update(self, state, total, step):
-            return state
 
     X = np.zeros((800, 2), np.float32)
     X[0:200] = X[400:600] = 1.0
