@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 from dkernel import DSGClassifier
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification
-from dkernel.engine import Engine, EngineOptions
+from dkernel.engine import Engine, EngineOptions, tree_sum
 from dkernel.engine.program import StepProgram
 
 
@@ -372,3 +372,30 @@ def test_each_epoch_names_the_worker_whose_lane_made_the_others_wait(client, cap
     line = next(r.getMessage() for r in caplog.records if "slowest lane" in r.getMessage())
     # (a step task may, rarely, run off its home: "most often", not "always")
     assert f"most often {first}: " in line and "of 4 steps" in line
+
+
+def test_many_lanes_are_summed_eight_at_a_time_on_the_workers_in_a_fixed_order(client):
+    # 20 partials: groups of 8, 8 and 4 summed by 3 tasks, then by the client.  A
+    # pairwise tree took 19 tasks in 5 levels, each task ~1.5 ms of the scheduler.
+    rng = np.random.default_rng(0)
+    parts = [{"g": rng.standard_normal(257).astype(np.float32), "_slowest": (float(7 * i % 20), f"w{i}")}
+             for i in range(20)]
+    futs = client.scatter(parts)
+
+    def ran():
+        return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+    before = ran()
+    total = tree_sum(client, futs)
+    assert ran() - before == 3
+    groups = [parts[i:i + 8] for i in range(0, 20, 8)]
+    sums = []
+    for g in groups:
+        s = g[0]["g"]
+        for p in g[1:]:
+            s = s + p["g"]
+        sums.append(s)
+    assert np.array_equal(total["g"], sums[0] + sums[1] + sums[2])
+    assert total["_slowest"] == (19.0, "w17")
+    # the same grouping on every call, so the same floating-point sum
+    assert np.array_equal(tree_sum(client, client.scatter(parts))["g"], total["g"])
