@@ -14,6 +14,8 @@ so that speed is never bought with a broken model.
     python benchmarks/throughput.py --repeat 1             # one timed fit each (quicker, noisier)
     python benchmarks/throughput.py --rows 200000 --workers 2
     python benchmarks/throughput.py --solvers dsg --no-single
+    python benchmarks/throughput.py --workers 1 --threads 2 --no-single    # one 2-thread worker
+    python benchmarks/throughput.py --workers 1 --threads 2 --no-single --lanes 1
 
 Targets (issue 12): DSG >= 50 % and EigenPro-RF >= 25 % of the ceiling on
 2M x 32 with 2 workers; 2 workers / 1 worker rows/s >= 1.7.
@@ -64,10 +66,10 @@ def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> f
 
 def measure_ceiling(client, n_inputs: int, n_features: int, rows: int = 65536,
                     repeats: int = 3) -> float:
-    """Sum over workers of their rows/s, all workers computing at once."""
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    """Sum over worker threads of their rows/s, all threads computing at once."""
     futs = [client.submit(ceiling_task, rows, n_inputs, n_features, repeats, workers=[w],
-                          pure=False) for w in workers]
+                          pure=False)
+            for w, threads in sorted(client.nthreads().items()) for _ in range(threads)]
     return float(sum(client.gather(futs)))
 
 
@@ -103,7 +105,7 @@ def step_overhead(client, n_steps: int = 200) -> dict:
             return state
 
     engine = Engine(client)
-    lanes = engine.n_workers()
+    lanes = engine.n_threads()  # what lanes="auto" resolves to
     rows = n_steps * 64 * lanes
     data = open_dataset(np.zeros((rows, 4), np.float32), chunk_rows=rows // (2 * lanes))
     before = executed(client)
@@ -116,7 +118,7 @@ def step_overhead(client, n_steps: int = 200) -> dict:
 
 
 def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
-            repeat: int = 1) -> dict:
+            repeat: int = 1, lanes: int | str = "auto") -> dict:
     """One epoch at default settings; rows/s over the whole fit, from the median of
     ``repeat`` timed fits (the same model each time: the fit is deterministic)."""
     from dkernel import DSGRegressor, EigenProRegressor
@@ -126,11 +128,11 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     # warm-up on the held-out rows, untimed: a fresh worker's first fit also
     # pays one-time imports and first page-ins (0.5-2 s here), which a
     # long-running cluster does not
-    cls(n_features=n_features, n_epochs=1, client=client).fit(*test)
+    cls(n_features=n_features, n_epochs=1, client=client, lanes=lanes).fit(*test)
     n = open_dataset(store).n_rows  # also the client's one-time zarr import (0.12 s)
     times = []
     for i in range(repeat):
-        model = cls(n_features=n_features, n_epochs=1, client=client, verbose=i == 0)
+        model = cls(n_features=n_features, n_epochs=1, client=client, lanes=lanes, verbose=i == 0)
         t0 = time.perf_counter()
         before = executed(client)
         model.fit(store)
@@ -178,23 +180,26 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
 
     from dkernel.engine import local_cluster
 
-    # the cluster dkernel starts itself (single-threaded workers, its malloc settings)
-    with local_cluster(n_workers, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    # the cluster dkernel starts itself (single-threaded workers unless --threads,
+    # its malloc settings)
+    with local_cluster(n_workers, threads_per_worker=args.threads,
+                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         ceiling = measure_ceiling(client, args.inputs, args.features)
         res = {"workers": n_workers, "ceiling_rows_per_s": ceiling,
                "step_overhead": step_overhead(client)}
-        print(f"[{n_workers} workers] ceiling {ceiling:,.0f} rows/s; a step's fixed cost "
+        name = f"{n_workers} workers" + (f" x {args.threads} threads" if args.threads > 1 else "")
+        print(f"[{name}] ceiling {ceiling:,.0f} rows/s; a step's fixed cost "
               f"{1e3 * res['step_overhead']['seconds_per_step']:.1f} ms, "
               f"{res['step_overhead']['tasks_per_step']:.1f} tasks", flush=True)
         for kind in args.solvers:
-            r = fit_one(kind, store, test, args.features, client, args.repeat)
+            r = fit_one(kind, store, test, args.features, client, args.repeat, args.lanes)
             # the machine's speed drifts by 20-30% over minutes here: each fit is
             # compared with the mean of the ceilings measured just before and after it
             after = measure_ceiling(client, args.inputs, args.features)
             r["ceiling_rows_per_s"] = (ceiling + after) / 2
             r["percent_of_ceiling"] = 100 * r["rows_per_s"] / r["ceiling_rows_per_s"]
             res[kind] = r
-            print(f"[{n_workers} workers] {kind}: {r['rows_per_s']:,.0f} rows/s = "
+            print(f"[{name}] {kind}: {r['rows_per_s']:,.0f} rows/s = "
                   f"{r['percent_of_ceiling']:.1f}% of the ceiling ({ceiling:,.0f} before, "
                   f"{after:,.0f} after; {r['seconds']:.1f} s, the median of "
                   f"{' '.join(f'{t:.1f}' for t in r['seconds_each'])}), "
@@ -212,6 +217,9 @@ def main() -> None:
     p.add_argument("--chunk-rows", type=int, default=65536)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"], choices=["dsg", "eigenpro"])
+    p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="the fits' lanes ('auto': one per worker thread)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed fits per solver and cluster size; rows/s from their median "
@@ -257,7 +265,8 @@ def main() -> None:
         from dkernel.engine import local_cluster
 
         results["preconditioner"] = []
-        with local_cluster(args.workers, silence_logs=logging.ERROR) as cluster, \
+        with local_cluster(args.workers, threads_per_worker=args.threads,
+                           silence_logs=logging.ERROR) as cluster, \
                 Client(cluster) as client:
             for rows in args.precond_rows:
                 path = os.path.join(args.data, f"train-{rows}x{args.inputs}.zarr")

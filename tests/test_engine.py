@@ -8,12 +8,13 @@ import time
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 
 from dkernel import DSGClassifier
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification
 from dkernel.engine import Engine, EngineOptions, tree_sum
+from dkernel.engine.loop import thread_slots
 from dkernel.engine.program import StepProgram
 
 
@@ -399,3 +400,28 @@ def test_many_lanes_are_summed_eight_at_a_time_on_the_workers_in_a_fixed_order(c
     assert total["_slowest"] == (19.0, "w17")
     # the same grouping on every call, so the same floating-point sum
     assert np.array_equal(tree_sum(client, client.scatter(parts))["g"], total["g"])
+
+
+def test_thread_slots_deal_each_worker_one_lane_class_per_thread():
+    assert thread_slots({"b": 3, "a": 1}) == ["a", "b", "b", "b"]
+    assert thread_slots({"a": 2, "b": 2}) == ["a", "b", "a", "b"]
+    assert thread_slots({}) == []
+
+
+def test_auto_lanes_follow_worker_threads_so_a_two_thread_worker_runs_two_lanes(client):
+    # Dask runs one task per worker thread: one lane per worker left a
+    # multi-threaded worker's other threads idle (dask worker's default
+    # --nthreads is the machine's cores)
+    X, y = make_blobs_classification(1200, 6)
+    Xd, yd = da.from_array(X, chunks=(300, 6)), da.from_array(y, chunks=300)
+    kw = dict(n_features=512, block_size=128, n_epochs=1, batch_size=128, bandwidth=2.0, random_state=5)
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as two_threads:
+        with get_task_stream(two_threads) as stream:
+            auto = DSGClassifier(client=two_threads, **kw).fit(Xd, yd)
+    assert auto.lanes_ == 2
+    steps = [t for t in stream.data if "-step-" in str(t["key"])]
+    assert len({t["thread"] for t in steps}) == 2
+    # the model is the one two single-threaded workers fit with the same lanes
+    fixed = DSGClassifier(client=client, lanes=2, **kw).fit(Xd, yd)
+    assert np.array_equal(auto.coef_, fixed.coef_)

@@ -315,7 +315,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--lanes",
         type=lambda v: v if v == "auto" else int(v),
         help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (dsg and "
-        "eigenpro's default): one per worker, recorded in the model",
+        "eigenpro's default): one per worker thread, recorded in the model",
     )
     g.add_argument(
         "--early-stopping",

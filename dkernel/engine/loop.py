@@ -52,8 +52,8 @@ class EngineOptions:
     lanes : int or "auto"
         Chunks that share one mini-batch (the parallel width of a step).  The
         model depends on it, not on the worker count; more lanes let more
-        workers share a step.  "auto" is one lane per worker of the cluster
-        at the start of the run (:meth:`Engine.resolve_lanes`).
+        workers share a step.  "auto" is one lane per worker thread of the
+        cluster at the start of the run (:meth:`Engine.resolve_lanes`).
     checkpoint : str, optional
         Checkpoint file (``.npz``); None disables checkpointing.
     checkpoint_every : int
@@ -184,6 +184,16 @@ class _CounterTree:
         return f.result()
 
 
+def thread_slots(nthreads: dict[str, int]) -> list[str]:
+    """Worker addresses, each once per thread, dealt round by round
+    (``{a: 1, b: 3}`` -> a b b b; ``{a: 2, b: 2}`` -> a b a b): chunk c's home
+    is slot ``c % len(slots)``, so a step's lanes fill every thread, and
+    single-threaded workers take chunks in turn."""
+    workers = sorted(nthreads)
+    return [w for t in range(max(nthreads.values(), default=0))
+            for w in workers if nthreads[w] > t]
+
+
 class _ChunkSource:
     """Futures of (X_chunk, y_chunk) on the workers."""
 
@@ -214,11 +224,12 @@ class _ChunkSource:
 
     def home(self, c: int) -> list[str] | None:
         """Chunk c is read on the same worker every epoch (when it is alive),
-        so blocks cached from it on that worker are found again."""
+        so blocks cached from it on that worker are found again; a worker is
+        home to as many lane classes as it has threads (:func:`thread_slots`)."""
         if self._workers is None:
             # nthreads: the addresses alone (34 bytes a worker), where the
             # scheduler's identity carries ~650 bytes of metrics per worker
-            self._workers = sorted(self.client.nthreads())
+            self._workers = thread_slots(self.client.nthreads())
         return [self._workers[c % len(self._workers)]] if self._workers else None
 
     def placement(self, c: int) -> dict[str, Any]:
@@ -454,7 +465,7 @@ class Engine:
         finds the blocks a fit cached from the same chunk.
 
         Memory does not depend on the number of chunks: at most ``window``
-        chunks (default two per worker) are read at once, and partial results
+        chunks (default two per worker thread) are read at once, and partial results
         are added on the workers as they arrive, pairwise in a binary-counter
         tree over the chunk index, so at most ``window + log2(n_chunks) + 1``
         partial results are alive (``self.peak_live`` records the most seen)
@@ -469,7 +480,7 @@ class Engine:
         # blocks it will not read again would only turn later hits into misses
         run = self._last_run or uuid.uuid4().hex
         n = data.n_chunks
-        window = window or max(2, 2 * self.n_workers())
+        window = window or max(2, 2 * self.n_threads())
         progress = Progress(n, label, self.options.progress)
         tree = _CounterTree(self.client)
         token = uuid.uuid4().hex[:12]
@@ -512,12 +523,19 @@ class Engine:
         """Workers the scheduler knows now (at least 1)."""
         return max(1, len(self.client.nthreads()))
 
+    def n_threads(self) -> int:
+        """Worker threads the scheduler knows now (at least 1): the tasks the
+        cluster runs at once."""
+        return max(1, sum(self.client.nthreads().values()))
+
     def resolve_lanes(self, data: Dataset) -> int:
-        """``lanes="auto"``: one lane per worker, so a step's work grows with the
-        cluster; at most the number of chunks.  The resolved number is what
-        the model depends on (record it to reproduce the fit elsewhere)."""
+        """``lanes="auto"``: one lane per worker thread, so a step's work grows
+        with the cluster and fills every thread (Dask runs one task per thread,
+        and its workers' BLAS is single-threaded); at most the number of
+        chunks.  The resolved number is what the model depends on (record it
+        to reproduce the fit elsewhere)."""
         lanes = self.options.lanes
-        lanes = self.n_workers() if lanes == "auto" else int(lanes)
+        lanes = self.n_threads() if lanes == "auto" else int(lanes)
         return max(1, min(lanes, data.n_chunks))
 
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
@@ -557,7 +575,7 @@ class Engine:
         order = full_order[start:]
         source = _ChunkSource(self.client, data, opts.dtype)
         payload = _ship(self.client, payload)
-        window = window or max(2, 2 * self.n_workers())
+        window = window or max(2, 2 * self.n_threads())
         progress = Progress(start + len(order), label, opts.progress, start=start)
         current: Any = state
         pending: list[Future] = []

@@ -76,8 +76,8 @@ _DOC_PARAMS = """
         Regularisation strength nu: every step shrinks old blocks by (1 - gamma nu).
     batch_size : int or "auto", default="auto"
         Rows per step, spread over ``lanes`` chunks.  "auto" with the
-        preconditioner: ``lanes`` x rows whose D features fill a 128 MB
-        buffer (16384 rows at D = 2048, clipped to [1024, 16384]), wide
+        preconditioner: ``lanes`` x rows whose D features are 2^27 feature
+        evaluations (65536 rows at D = 2048, clipped to [1024, 65536]), wide
         enough that a step's compute dwarfs its fixed cost; without it, 512.
         Stored as ``batch_size_``.
     n_epochs : int, default=5
@@ -98,7 +98,7 @@ _DOC_PARAMS = """
         B features per step.
     lanes : int or "auto", default="auto"
         Chunks sharing one step (parallel width; the model depends on it, not
-        on the number of workers).  "auto" is one per worker; stored as
+        on the number of workers).  "auto" is one per worker thread; stored as
         ``lanes_`` (pass it back to reproduce the fit on another cluster).
     random_state : int, RandomState, Generator or None, default=0
         Global seed of features and shuffling; anything but an int is turned
