@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
-from dkernel import DSGClassifier
+from dkernel import DSGClassifier, EigenProRegressor
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification
 from dkernel.engine import Engine, EngineOptions, tree_sum
@@ -379,8 +379,8 @@ def test_many_lanes_are_summed_eight_at_a_time_on_the_workers_in_a_fixed_order(c
     # 20 partials: groups of 8, 8 and 4 summed by 3 tasks, then by the client.  A
     # pairwise tree took 19 tasks in 5 levels, each task ~1.5 ms of the scheduler.
     rng = np.random.default_rng(0)
-    parts = [{"g": rng.standard_normal(257).astype(np.float32), "_slowest": (float(7 * i % 20), f"w{i}")}
-             for i in range(20)]
+    parts = [{"g": rng.standard_normal(257).astype(np.float32),
+              "_slowest": (float(7 * i % 20), f"w{i}")} for i in range(20)]
     futs = client.scatter(parts)
 
     def ran():
@@ -408,20 +408,48 @@ def test_thread_slots_deal_each_worker_one_lane_class_per_thread():
     assert thread_slots({}) == []
 
 
-def test_auto_lanes_follow_worker_threads_so_a_two_thread_worker_runs_two_lanes(client):
+@pytest.fixture(scope="module")
+def two_threads():
+    """One worker process with two threads, as ``dask worker`` starts on a 2-core host."""
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_auto_lanes_follow_worker_threads_so_a_two_thread_worker_runs_two_lanes(client,
+                                                                                two_threads):
     # Dask runs one task per worker thread: one lane per worker left a
     # multi-threaded worker's other threads idle (dask worker's default
     # --nthreads is the machine's cores)
     X, y = make_blobs_classification(1200, 6)
     Xd, yd = da.from_array(X, chunks=(300, 6)), da.from_array(y, chunks=300)
-    kw = dict(n_features=512, block_size=128, n_epochs=1, batch_size=128, bandwidth=2.0, random_state=5)
-    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as two_threads:
-        with get_task_stream(two_threads) as stream:
-            auto = DSGClassifier(client=two_threads, **kw).fit(Xd, yd)
+    kw = dict(n_features=512, block_size=128, n_epochs=1, batch_size=128, bandwidth=2.0,
+              random_state=5)
+    with get_task_stream(two_threads) as stream:
+        auto = DSGClassifier(client=two_threads, **kw).fit(Xd, yd)
     assert auto.lanes_ == 2
     steps = [t for t in stream.data if "-step-" in str(t["key"])]
     assert len({t["thread"] for t in steps}) == 2
     # the model is the one two single-threaded workers fit with the same lanes
     fixed = DSGClassifier(client=client, lanes=2, **kw).fit(Xd, yd)
+    assert np.array_equal(auto.coef_, fixed.coef_)
+
+
+@pytest.mark.parametrize("make", [
+    # kernel form, every row a center: kernel rows filled and kept on the chunks' homes
+    lambda **kw: EigenProRegressor(bandwidth=0.5, n_epochs=2, kernel_cache="fixed16", **kw),
+    lambda **kw: EigenProRegressor(n_features=256, n_epochs=2, **kw),
+], ids=["eigenpro-kernel", "eigenpro-rf"])
+def test_multithreaded_workers_fit_the_model_single_threaded_workers_fit(client, two_threads,
+                                                                           tmp_path, make):
+    from dkernel.data import write_store
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, (900, 3))
+    y = np.sin(2 * X[:, 0]) + X[:, 1]
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=200)  # 5 chunks
+    auto = make(client=two_threads).fit(store)
+    assert auto.lanes_ == 2
+    fixed = make(client=client, lanes=2).fit(store)
+    # bit for bit: every sum's order follows the lanes and chunks, not the cluster
     assert np.array_equal(auto.coef_, fixed.coef_)
