@@ -215,6 +215,7 @@ def test_fit_kcca_refuses_a_labelled_store_unless_y_is_declared_a_view(labelled,
         ("oja", ["--epochs", "3"], "--epochs"),
         ("kpca", ["--y-view"], "--y-view"),
         ("kpca", ["--early-stopping"], "--early-stopping"),
+        ("oja", ["--steps", "power"], "--steps"),
     ],
 )
 def test_fit_refuses_an_option_the_solver_does_not_take(labelled, capsys, solver, extra, flag):

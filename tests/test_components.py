@@ -44,25 +44,72 @@ def _two_views(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return X.astype(np.float32), Y.astype(np.float32)
 
 
-def test_kpca_subspace_matches_exact_kernel_pca(client):
+@pytest.mark.parametrize("steps, settings", [
+    ("block", {"batch_size": 256, "n_epochs": 30}),
+    ("power", {}),  # whole-pool power steps at their defaults: 40 steps of n / 8 rows
+])
+def test_kpca_subspace_matches_exact_kernel_pca(client, steps, settings):
     n, k, bw = 2000, 4, 1.5
     X = _anisotropic(n, 0)
     lam, U = eigh(_centred_gram(X, bw) / n)
     lam, U = lam[::-1], U[:, ::-1]
-    model = KernelPCA(
-        k, bandwidth=bw, n_features=4096, batch_size=256, n_epochs=30, client=client
-    ).fit(X)
+    model = KernelPCA(k, bandwidth=bw, n_features=4096, steps=steps, client=client,
+                      **settings).fit(X)
+    if steps == "power":
+        assert model.batch_size_ == 250 and model.lanes_ == 2  # n / 8 rows; a lane per thread
+        assert model.step_size_ is None and model.step_decay_ is None
     Z = model.transform(X)
     sin2 = np.sin(subspace_angles(Z, U[:, :k])) ** 2
     # Tolerance: the gap lambda_4 - lambda_5 = 0.035 is small, 4096 random
     # features approximate the kernel to ~1/sqrt(4096) = 0.016 per entry, and
-    # the last steps add O(eta) mini-batch noise; measured max sin^2 = 0.013.
+    # the last steps add O(eta) mini-batch noise; measured max sin^2 = 0.013
+    # (block steps), 0.0137 (power steps).
     # A wrong subspace (e.g. missing the 4th component) has sin^2 near 1.
     assert sin2.max() < 0.05, sin2
     # the scores are centred and ordered, with variances near the exact eigenvalues
     assert np.abs(Z.mean(axis=0)).max() < 1e-3
     assert np.all(np.diff(model.explained_variance_) <= 0)
     np.testing.assert_allclose(model.explained_variance_, lam[:k], rtol=0.3)
+
+
+def test_kpca_power_steps_find_hermite_eigenfunctions_one_by_one(client):
+    """Xie section 7.1's problem: the final rotation separates the power steps'
+    subspace into the individual eigenfunctions."""
+    k = 3
+    X = make_hermite(20000, 1, sigma=1.0, random_state=0)
+    Xt = make_hermite(5000, 1, sigma=1.0, random_state=1)
+    model = KernelPCA(k, bandwidth=1.0, n_features=2048, n_epochs=2, center=False,
+                      steps="power", client=client).fit(X)
+    truth = hermite_eigenfunctions(Xt, k, sigma=1.0, bandwidth=1.0)
+    Z = model.transform(Xt)
+    sin2 = np.sin(subspace_angles(Z, truth)) ** 2
+    assert sin2.max() < 0.03, sin2  # measured 5.6e-4 (block steps: 1.0e-3)
+    corr = np.abs([np.corrcoef(Z[:, j], truth[:, j])[0, 1] for j in range(k)])
+    assert corr.min() > 0.95, corr  # measured 0.9955
+    np.testing.assert_allclose(model.explained_variance_, hermite_eigenvalues(k), rtol=0.15)
+
+
+def test_cli_fits_kpca_with_power_steps_and_the_model_keeps_its_settings(client, tmp_path):
+    X = _anisotropic(4000, 3)
+    store = write_store(tmp_path / "x.zarr", X, chunk_rows=1000)
+    out = tmp_path / "kpca.npz"
+    assert main(["fit", str(store), "--solver", "kpca", "--steps", "power", "--components", "2",
+                 "--features", "512", "--epochs", "2", "--workers", "2", "--out", str(out),
+                 "--quiet"]) == 0
+    model = load_model(out)
+    assert (model.steps, model.lanes_, model.batch_size_) == ("power", 2, 500)
+    assert model.step_size_ is None and model.step_decay_ is None
+    assert model.history_[-1]["steps"] == 8
+
+
+@pytest.mark.parametrize("setting", [{"step_size": 0.1}, {"step_decay": 0.01},
+                                     {"ordering": "gha"}])
+def test_kpca_power_steps_refuse_the_block_steps_settings_by_name(setting):
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=f"{name}=.*power steps"):
+        KernelPCA(2, steps="power", **setting).fit(_anisotropic(200, 0))
+    with pytest.raises(ValueError, match="steps must be 'block' or 'power'"):
+        KernelPCA(2, steps="oja").fit(_anisotropic(200, 0))
 
 
 def test_kpca_uncentred_finds_hermite_eigenfunctions(client):

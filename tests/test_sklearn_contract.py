@@ -41,6 +41,7 @@ CHECKED = [
     # rows: fewer centers than rows makes that setting one the fit uses
     EigenProRegressor(n_epochs=3, n_centers=100),
     KernelPCA(2, n_features=256, n_epochs=1),
+    KernelPCA(2, n_features=256, n_epochs=1, steps="power"),
     StreamingKernelPCA(2, n_features=256),
     KernelSVD(2, n_features=256, n_epochs=1),
     # Xie's Alg. 4 as printed: the warm start and the preconditioner are dense

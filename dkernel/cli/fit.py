@@ -167,6 +167,8 @@ def _build_components(args: argparse.Namespace) -> Any:
                 ("lanes", "lanes"),
             ),
         )
+    if cls is KernelPCA:
+        _given(args, kw, (("steps", "steps"),))
     if cls is KernelCCA:
         _given(args, kw, (("alpha", "alpha"),))
         if args.preconditioner is not None:
@@ -357,6 +359,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("none", "eigenpro"),
         help="dsg, kcca: 'eigenpro' (preconditioned whole-pool steps; default) or 'none' "
         "(the papers' block steps: Dai et al. Alg. 1, Xie et al. Alg. 4)",
+    )
+    g.add_argument(
+        "--steps",
+        choices=("block", "power"),
+        help="kpca: 'block' (Xie et al.'s Alg. 1-2, one feature block a step; default) or "
+        "'power' (whole-pool power steps on wide batches, for data on a cluster)",
     )
     g.add_argument(
         "--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)"

@@ -33,6 +33,7 @@ from dkernel.features import FeatureMap
 from dkernel.kernels.exact import check_kernel, kernel_matrix
 from dkernel.solvers.components import (
     ComponentProgram,
+    PowerPCAProgram,
     centred_moments,
     moments_partial,
     moments_payload,
@@ -42,7 +43,11 @@ from dkernel.solvers.components import (
     rotate_pca,
 )
 from dkernel.solvers.dsg import decision
-from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, feature_preconditioner
+from dkernel.solvers.eigenpro_rf import (
+    FeaturePreconditioner,
+    default_batch,
+    feature_preconditioner,
+)
 
 _DOC_COMMON = """
     kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
@@ -79,6 +84,25 @@ _DOC_COMMON = """
         Checkpoint file, interval in steps, and whether to continue from it.
 """
 
+
+_DOC_KPCA = _DOC_COMMON.replace(
+    """    batch_size : int, default=512
+        Rows per step, spread over ``lanes`` chunks.
+""",
+    """    batch_size : int or "auto", default="auto"
+        Rows per step, spread over ``lanes`` chunks.  "auto": 512 for block
+        steps; for power steps ``lanes`` x the rows whose D features are 2^27
+        feature evaluations (32768 at D = 4096), at most n / 8 (8 steps an
+        epoch).  Stored as ``batch_size_``.
+""").replace(
+    """    lanes : int, default=4
+        Chunks sharing one step (the model depends on it, not on the workers).
+""",
+    """    lanes : int or "auto", default="auto"
+        Chunks sharing one step (the model depends on it, not on the workers).
+        "auto": 4 for block steps, one per worker thread for power steps.
+        Stored as ``lanes_``.
+""")
 
 #: theta_0 = c / lambda_1 with lambda_1 the top eigenvalue of the (centred) kernel
 #: operator on a sample: Oja's iteration contracts for eta lambda_1 below ~2.
@@ -128,6 +152,9 @@ def _score_block(Xb: Any, features: FeatureMap, coef: np.ndarray, mean: np.ndarr
 
 
 class _ComponentsBase(TransformerMixin, BaseEstimator):
+    #: Whether ``lanes="auto"`` is resolved by the estimator (KernelPCA).
+    _lanes_auto = False
+
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float32"]  # scores are float32 (DESIGN §4)
@@ -141,7 +168,8 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             check_positive("step_size", self.step_size)
         if self.step_decay != "auto":
             check_positive("step_decay", self.step_decay, allow_zero=True)
-        check_positive("lanes", self.lanes, integer=True)
+        if not (self._lanes_auto and self.lanes == "auto"):
+            check_positive("lanes", self.lanes, integer=True)
         if self.n_components > self.n_features:
             raise ValueError(
                 f"n_components={self.n_components} exceeds n_features={self.n_features}; "
@@ -158,8 +186,9 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         B = min(int(self.block_size), int(self.n_features))
         return B, math.ceil(int(self.n_features) / B)
 
-    def _run(self, data: Any, client: Any, program: ComponentProgram) -> tuple[dict, dict]:
-        engine = Engine(client, self._engine_options())
+    def _run(self, data: Any, client: Any, program: ComponentProgram,
+             engine: Engine | None = None) -> tuple[dict, dict]:
+        engine = engine or Engine(client, self._engine_options())
         # these solvers have no loss (the engine's per-epoch sum is an empty 0);
         # their history carries the objective they maximise instead
         monitor = EpochMonitor(engine, program,
@@ -168,20 +197,24 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             data,
             program,
             n_epochs=int(self.n_epochs),
-            batch_size=int(self.batch_size),
+            batch_size=int(getattr(self, "batch_size_", self.batch_size)),
             random_state=self.random_state_,
             on_epoch=monitor,
         )
         self.history_ = monitor.history()
         coefs = tuple(state[f"coef{s}"] for s in range(len(program.features)))
         total = engine.map_reduce(
-            data, moments_partial, moments_payload(program.features, coefs), label="moments",
+            data, moments_partial,
+            moments_payload(program.features, coefs, getattr(program, "cache_blocks", True)),
+            label="moments",
             wants_chunk=True,
         )
         return state, total
 
 
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
+    _lanes_auto = True
+
     __doc__ = f"""Kernel PCA by doubly stochastic gradients (Xie, Liang & Song 2015, Alg. 1-2).
 
     Finds the top ``n_components`` eigenfunctions of the (centred) kernel
@@ -191,11 +224,20 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     Parameters
     ----------
     n_components : int, default=8
-{_DOC_COMMON}
+{_DOC_KPCA}
     ordering : {{"rotate", "gha"}}, default="rotate"
         "rotate": Oja subspace update, then a Rayleigh-Ritz rotation;
         "gha": Xie eq. (16), the upper-triangular update that isolates the
         individual eigenfunctions (the rotation is still applied at the end).
+        Block steps only.
+    steps : {{"block", "power"}}, default="block"
+        "block": Xie et al.'s Alg. 1-2, one block of ``block_size`` features
+        per step on ``batch_size`` rows.  "power": every step is a power step
+        on the whole pool over a wide batch (the noisy power method, module
+        docstring of :mod:`dkernel.solvers.components`), for data on a
+        cluster: a block step's fixed cost dominates its compute there.
+        Power steps have no step size (leave ``step_size`` and
+        ``step_decay`` at "auto").
 
     Attributes
     ----------
@@ -210,6 +252,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         was 7.4 and 3.3, not 1, for two components of 2048 features).
     explained_variance_ : ndarray (n_components,)
         Variance of each score, the eigenvalue estimates of the covariance operator.
+    lanes_, batch_size_ : int
+        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
+    step_size_, step_decay_ : float or None
+        The block steps' theta_0 and theta_1; None for power steps.
     mean_ : ndarray (n_components,)
         Mean of the raw scores (subtracted by ``transform``; zero if not centred).
     history_ : list of dict
@@ -236,13 +282,14 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         bandwidth: float | str = "auto",
         n_features: int = 4096,
         block_size: int = 256,
-        batch_size: int = 512,
+        batch_size: int | str = "auto",
         n_epochs: int = 5,
         step_size: float | str = "auto",
         step_decay: float | str = "auto",
         center: bool = True,
         ordering: str = "rotate",
-        lanes: int = 4,
+        steps: str = "block",
+        lanes: int | str = "auto",
         random_state: int = 0,
         client: Any = None,
         verbose: bool = False,
@@ -261,6 +308,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self.step_decay = step_decay
         self.center = center
         self.ordering = ordering
+        self.steps = steps
         self.lanes = lanes
         self.random_state = random_state
         self.client = client
@@ -274,6 +322,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self._check_base()
         if self.ordering not in ("rotate", "gha"):
             raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
+        if self.steps not in ("block", "power"):
+            raise ValueError(f"steps must be 'block' or 'power', got {self.steps!r}")
+        power = self.steps == "power"
+        if power:
+            for name, value in (("step_size", self.step_size), ("step_decay", self.step_decay),
+                                ("ordering", None if self.ordering == "rotate" else "gha")):
+                if value not in ("auto", None):
+                    raise ValueError(f"{name}={value!r} applies to block steps; power steps "
+                                     f"(steps='power') have none: leave {name} at its default")
         X, _, _ = validate_fit_input(self, X, target="none")
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
@@ -283,29 +340,46 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
             B, n_blocks = self._pool()
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
-            self.step_size_ = (
-                _auto_step("kpca", [sample], [features], bool(self.center))
-                if self.step_size == "auto"
-                else float(self.step_size)
-            )
-            self.step_decay_ = self._step_decay(whole_pool=False)
-            program = ComponentProgram(
-                "kpca",
-                (features,),
-                n_blocks,
-                int(self.n_components),
-                self.step_size_,
-                self.step_decay_,
-                center=bool(self.center),
-                gha=self.ordering == "gha",
-                seed=self.random_state_,
-                label="kpca",
-            )
-            state, total = self._run(data, client, program)
+            engine = Engine(client, self._engine_options())
+            self._resolve_width(engine, data, n_blocks * B, power)
+            common = dict(center=bool(self.center), seed=self.random_state_, label="kpca")
+            if power:
+                self.step_size_ = self.step_decay_ = None
+                program = PowerPCAProgram("kpca", (features,), n_blocks, int(self.n_components),
+                                          0.0, 0.0, cache_blocks=int(self.n_epochs) > 1,
+                                          **common)
+            else:
+                self.step_size_ = (
+                    _auto_step("kpca", [sample], [features], bool(self.center))
+                    if self.step_size == "auto"
+                    else float(self.step_size)
+                )
+                self.step_decay_ = self._step_decay(whole_pool=False)
+                program = ComponentProgram("kpca", (features,), n_blocks, int(self.n_components),
+                                           self.step_size_, self.step_decay_,
+                                           gha=self.ordering == "gha", **common)
+            state, total = self._run(data, client, program, engine)
         mean, M = centred_moments(total, bool(self.center))
         E, lam = rotate_pca(M)
         self._set_fitted(features, state["coef0"] @ E, mean @ E, lam)
         return self
+
+    def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
+        """lanes_ and batch_size_.  "auto" for block steps is Xie et al.'s
+        setting as before (4 lanes, 512 rows); for power steps one lane per
+        worker thread and a lane's rows as DSG's (2^27 feature evaluations,
+        ``default_batch``), at most an eighth of the rows so that an epoch
+        makes at least 8 power steps."""
+        engine.options.lanes = 4 if self.lanes == "auto" and not power else self.lanes
+        self.lanes_ = engine.resolve_lanes(data)
+        engine.options.lanes = self.lanes_
+        if self.batch_size != "auto":
+            self.batch_size_ = int(self.batch_size)
+        elif power:
+            self.batch_size_ = min(default_batch(self.lanes_, D, data.n_rows),
+                                   max(1, math.ceil(data.n_rows / 8)))
+        else:
+            self.batch_size_ = 512
 
     def _set_fitted(
         self, features: FeatureMap, coef: np.ndarray, mean: np.ndarray, lam: np.ndarray
@@ -341,7 +415,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                 "explained_variance": self.explained_variance_,
             },
             {"features": self.features_.to_dict(), "step_size_": self.step_size_,
-             "step_decay_": getattr(self, "step_decay_", None), **history_meta(self)},
+             "step_decay_": getattr(self, "step_decay_", None),
+             # the rest of what the fit depended on (absent from older models)
+             "steps": getattr(self, "steps", "block"), "lanes_": getattr(self, "lanes_", None),
+             "batch_size_": getattr(self, "batch_size_", None), **history_meta(self)},
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -354,6 +431,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
+        if "steps" in meta:
+            self.steps = meta["steps"]
+            self.lanes_, self.batch_size_ = meta["lanes_"], meta["batch_size_"]
         set_history(self, meta)
 
 

@@ -38,6 +38,23 @@ exactly: \phi -> \phi - \mu, H -> H - \mu^T A.
 Components are ordered afterwards by a k x k Rayleigh-Ritz step on one pass
 of moments (:func:`rotate_pca`, :func:`rotate_pair`).
 
+Power steps for KPCA (ours; ``PowerPCAProgram``).  A block step moves one
+block of B features on a few hundred rows, so its fixed cost dominates on a
+cluster (2.2% of the compute ceiling, docs/scaling.md).  On a wide batch
+(tens of thousands of rows a lane) the batch covariance C_b of the features
+z = \phi / \sqrt D is nearly the population's, and the step that uses it
+best is a power step on the whole pool -- the noisy power method (Hardt &
+Price 2014) on C, written in the coefficients A (\tilde A = \sqrt D A):
+
+    A <- C_b A = mean_b (\phi(x_b) - \mu) (h_b - \bar h)^T / D,
+    A <- A R^{-1},  R^T R = D A^T A           (orthonormal in the pool metric)
+
+It converges at \lambda_{k+1} / \lambda_k a step where Oja's rule at
+\eta = 1 / \lambda_1 (the block steps over a pool cycle) converges at
+(1 + \eta \lambda_{k+1}) / (1 + \eta \lambda_k), and it has no step size.
+The workers' sums are the block steps' (the same centring), computed in one
+fused forward/backward pass over row tiles (:mod:`dkernel.solvers.fused`).
+
 Preconditioned KCCA (ours; EigenPro's idea, Ma & Belkin 2017, applied to
 Alg. 4).  Alg. 4 moves along the i-th eigenfunction of C_XX at a rate
 ~ \eta \lambda_i with \eta < ~1 / \lambda_1, so canonical functions in the
@@ -74,6 +91,7 @@ from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.dsg import block_rows, chunk_decision
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
+from dkernel.solvers.fused import pool_gradient
 
 METHODS = ("kpca", "ksvd", "kcca")
 
@@ -143,6 +161,33 @@ def components_partial(payload: dict, chunk: Chunk) -> dict:
         out[f"phi_sum{s}"] = sums[s].astype(np.float64)
         out[f"phiH{s}"] = to_numpy(phis[s].T @ Hc).astype(dt)
     return out
+
+
+def power_partial(payload: dict, chunk: Chunk) -> dict:
+    """Worker side of a KPCA power step: ``components_partial``'s sums over the
+    whole pool (H, H^T H, Phi^T H, Phi^T 1), in one fused pass over row tiles,
+    so a task holds a few MB whatever its rows."""
+    view = payload["views"][0]
+    features: FeatureMap = view["features"]
+    coef = view["coef"]
+    D, k = coef.shape
+    # a zero column turns the pass's Phi^T l' into Phi^T [H, 1]: the feature sums too
+    wide = np.zeros((D, k + 1), dtype=np.dtype(features.dtype))
+    wide[:, :k] = coef
+    wide = asarray_like(wide, chunk.X)
+    acc: dict[str, Any] = {"H": np.zeros(k), "HH": np.zeros((k, k))}
+
+    def scores(f: Any, tile: slice) -> tuple[float, Any]:
+        H = f[:, :k]
+        acc["H"] += to_numpy(H.sum(axis=0)).astype(np.float64)
+        acc["HH"] += to_numpy(H.T @ H).astype(np.float64)
+        f[:, k] = 1
+        return 0.0, f
+
+    g, _ = pool_gradient(features, chunk, view["n_eval"], wide, scores, payload.get("cache", True))
+    m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
+    return {"H": acc["H"], "HH": acc["HH"], "count": int(m),
+            "phi_sum0": g[:, k].copy(), "phiH0": g[:, :k].astype(np.float32)}
 
 
 @dataclass
@@ -215,9 +260,12 @@ class ComponentProgram(StepProgram):
             state["recorded"] = np.zeros((len(self._record), D, k))
         return state
 
+    #: Whole-pool power steps (KPCA, :class:`PowerPCAProgram`).
+    power = False
+
     def _active(self, step: int) -> tuple[int, int, int]:
         """(block i of this step, blocks with coefficients, blocks to evaluate)."""
-        if self.preconditioners is not None:
+        if self.preconditioners is not None or self.power:
             return ALL_BLOCKS, self.n_blocks, self.n_blocks
         i = step % self.n_blocks
         n_act = max(self._n_start, min(step, self.n_blocks))
@@ -263,7 +311,17 @@ class ComponentProgram(StepProgram):
         self._epoch["rows"] = self._epoch.get("rows", 0.0) + m
         eta = self.step_size / (1.0 + self.step_decay * step)
         A = state["coef0"]
-        if self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
+        if self.power:  # module docstring: A <- C_b A, orthonormal in the pool metric
+            A_new = G[0] / A.shape[0]
+            try:
+                R = cholesky(A.shape[0] * (A_new.T @ A_new))
+            except np.linalg.LinAlgError:
+                raise FloatingPointError(
+                    f"kpca power step {step} lost rank: the batch's covariance has fewer than "
+                    f"n_components={k} directions in the pool; use fewer components or a "
+                    "larger batch_size") from None
+            A[:] = solve_triangular(R, A_new.T, trans="T").T
+        elif self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
             A -= eta * (A @ (np.triu(M) if self.gha else M))
             A[blk] += (eta / B) * G[0]
         else:
@@ -331,6 +389,7 @@ class ComponentProgram(StepProgram):
             "alpha": self.alpha,
             "center": self.center,
             "gha": self.gha,
+            "power": self.power,
             "record_at": sorted(self._record),
             "seed": int(self.seed),
             "init": None if self.init is None else [_digest(np.sum(a * a)) for a in self.init],
@@ -338,6 +397,25 @@ class ComponentProgram(StepProgram):
             if self.preconditioners is None
             else [[p.q, p.tau, _digest(np.sum(p.values))] for p in self.preconditioners],
         }
+
+
+@dataclass
+class PowerPCAProgram(ComponentProgram):
+    """KPCA by whole-pool power steps (module docstring), for wide batches."""
+
+    #: Keep the chunks' feature blocks in the worker cache (more than one epoch).
+    cache_blocks: bool = True
+
+    partial = staticmethod(power_partial)
+    power = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method != "kpca" or self.preconditioners is not None or self.gha:
+            raise ValueError("power steps are for kpca, without preconditioners or GHA")
+
+    def payload(self, state: dict[str, Any], step: int) -> dict:
+        return {**super().payload(state, step), "cache": self.cache_blocks}
 
 
 def _digest(x: float) -> float:
@@ -352,12 +430,27 @@ def _digest(x: float) -> float:
 
 def moments_partial(payload: dict, chunk: Chunk) -> dict:
     """sum H, sum H H^T and the row count for the final coefficients (all views);
-    feature blocks the fit left in the worker cache are reused."""
+    feature blocks the fit left in the worker cache are reused.  Without
+    ``payload["cache"]`` (a one-epoch power fit cached nothing) the features
+    go through the fused row-tile pass instead, which fills no cache: filling
+    it with every block of every chunk paged in fresh memory, 11.8 s of a
+    one-epoch fit on 1M x 32 against 0.8 s."""
     values = []
     for s, view in enumerate(payload["views"]):
         vchunk = _view_chunk(chunk, s)
         coef = asarray_like(view["coef"], vchunk.X)
-        values.append(chunk_decision(view["features"], vchunk, coef))
+        if payload.get("cache", True):
+            values.append(chunk_decision(view["features"], vchunk, coef))
+            continue
+        tiles: list[Any] = []
+
+        def keep(f: Any, tile: slice, tiles: list = tiles) -> tuple[float, Any]:
+            tiles.append(f.copy())  # k columns a row; the pass's backward product is k wide too
+            return 0.0, f
+
+        pool_gradient(view["features"], vchunk, coef.shape[0] // view["features"].block_size,
+                      coef, keep, use_cache=False)
+        values.append(namespace(coef).concatenate(tiles, axis=0))
     H = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
     return {
         "H": H.sum(axis=0).astype(np.float64),
@@ -366,8 +459,10 @@ def moments_partial(payload: dict, chunk: Chunk) -> dict:
     }
 
 
-def moments_payload(features: tuple[FeatureMap, ...], coefs: tuple[np.ndarray, ...]) -> dict:
-    return {"views": [{"features": f, "coef": c.astype(f.dtype)} for f, c in zip(features, coefs)]}
+def moments_payload(features: tuple[FeatureMap, ...], coefs: tuple[np.ndarray, ...],
+                    cache: bool = True) -> dict:
+    return {"views": [{"features": f, "coef": c.astype(f.dtype)} for f, c in zip(features, coefs)],
+            "cache": cache}
 
 
 def centred_moments(total: dict, center: bool) -> tuple[np.ndarray, np.ndarray]:
