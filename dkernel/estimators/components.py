@@ -93,7 +93,8 @@ _DOC_KPCA = _DOC_COMMON.replace(
         Rows per step, spread over ``lanes`` chunks.  "auto": 512 for block
         steps; for power steps ``lanes`` x the rows whose D features are 2^27
         feature evaluations (32768 at D = 4096), at most n / 8 (8 steps an
-        epoch).  Stored as ``batch_size_``.
+        epoch) unless that is under 16 rows a component.  Stored as
+        ``batch_size_``.
 """).replace(
     """    lanes : int, default=4
         Chunks sharing one step (the model depends on it, not on the workers).
@@ -369,15 +370,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         setting as before (4 lanes, 512 rows); for power steps one lane per
         worker thread and a lane's rows as DSG's (2^27 feature evaluations,
         ``default_batch``), at most an eighth of the rows so that an epoch
-        makes at least 8 power steps."""
+        makes at least 8 power steps (but 16 rows a component)."""
         engine.options.lanes = 4 if self.lanes == "auto" and not power else self.lanes
         self.lanes_ = engine.resolve_lanes(data)
         engine.options.lanes = self.lanes_
         if self.batch_size != "auto":
             self.batch_size_ = int(self.batch_size)
         elif power:
+            # at least 16 rows a component: fewer make the batch covariance lose rank
+            floor = min(data.n_rows, 16 * int(self.n_components))
             self.batch_size_ = min(default_batch(self.lanes_, D, data.n_rows),
-                                   max(1, math.ceil(data.n_rows / 8)))
+                                   max(floor, math.ceil(data.n_rows / 8)))
         else:
             self.batch_size_ = 512
 
