@@ -316,8 +316,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--lanes",
         type=lambda v: v if v == "auto" else int(v),
-        help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (dsg and "
-        "eigenpro's default): one per worker thread, recorded in the model",
+        help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (the default "
+        "of dsg, eigenpro and kpca; kcca and ksvd take a number): one per worker thread, "
+        "recorded in the model",
     )
     g.add_argument(
         "--early-stopping",

@@ -93,8 +93,11 @@ _DOC_KPCA = _DOC_COMMON.replace(
         Rows per step, spread over ``lanes`` chunks.  "auto": 512 for block
         steps; for power steps ``lanes`` x the rows whose D features are 2^27
         feature evaluations (32768 at D = 4096), at most n / 8 (8 steps an
-        epoch) unless that is under 16 rows a component.  Stored as
-        ``batch_size_``.
+        epoch) unless that is under 16 rows a component, the least power
+        steps accept.  A lane takes at most its chunk's rows a step, so
+        chunks shorter than ``batch_size / lanes`` make shorter steps; a
+        step shorter than a full one (a chunk's last rows) weighs in by its
+        rows.  Stored as ``batch_size_``.
 """).replace(
     """    lanes : int, default=4
         Chunks sharing one step (the model depends on it, not on the workers).
@@ -346,9 +349,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             common = dict(center=bool(self.center), seed=self.random_state_, label="kpca")
             if power:
                 self.step_size_ = self.step_decay_ = None
+                # a full step's rows: a lane takes at most its chunk (data/plan.py)
+                full = min(self.batch_size_, self.lanes_ * max(data.row_chunks))
                 program = PowerPCAProgram("kpca", (features,), n_blocks, int(self.n_components),
                                           0.0, 0.0, cache_blocks=int(self.n_epochs) > 1,
-                                          **common)
+                                          batch_size=int(full), **common)
             else:
                 self.step_size_ = (
                     _auto_step("kpca", [sample], [features], bool(self.center))
@@ -374,13 +379,19 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         engine.options.lanes = 4 if self.lanes == "auto" and not power else self.lanes
         self.lanes_ = engine.resolve_lanes(data)
         engine.options.lanes = self.lanes_
+        # power steps: at least 16 rows a component; fewer make the batch
+        # covariance lose rank or leave noise in the last components
+        floor = min(data.n_rows, 16 * int(self.n_components))
         if self.batch_size != "auto":
             self.batch_size_ = int(self.batch_size)
+            if power and self.batch_size_ < floor:
+                raise ValueError(
+                    f"batch_size={self.batch_size_} is below 16 rows a component for power "
+                    f"steps (n_components={self.n_components}): use batch_size >= {floor} "
+                    "or 'auto'")
         elif power:
-            # at least 16 rows a component: fewer make the batch covariance lose rank
-            floor = min(data.n_rows, 16 * int(self.n_components))
-            self.batch_size_ = min(default_batch(self.lanes_, D, data.n_rows),
-                                   max(floor, math.ceil(data.n_rows / 8)))
+            self.batch_size_ = max(floor, min(default_batch(self.lanes_, D, data.n_rows),
+                                              math.ceil(data.n_rows / 8)))
         else:
             self.batch_size_ = 512
 

@@ -49,6 +49,12 @@ Price 2014) on C, written in the coefficients A (\tilde A = \sqrt D A):
     A <- C_b A = mean_b (\phi(x_b) - \mu) (h_b - \bar h)^T / D,
     A <- A R^{-1},  R^T R = D A^T A           (orthonormal in the pool metric)
 
+A step on m rows shorter than a full one (a chunk's last rows, a small
+last chunk) is a power step on the blend w C_b + (1 - w) C_prev with
+w = m / batch_size, C_prev A = A M_bar the earlier steps' Rayleigh matrix
+in the pool metric: the last step of a fit sets the subspace, and a 2-row
+one would otherwise replace it with noise.
+
 It converges at \lambda_{k+1} / \lambda_k a step where Oja's rule at
 \eta = 1 / \lambda_1 (the block steps over a pool cycle) converges at
 (1 + \eta \lambda_{k+1}) / (1 + \eta \lambda_k), and it has no step size.
@@ -313,13 +319,25 @@ class ComponentProgram(StepProgram):
         A = state["coef0"]
         if self.power:  # module docstring: A <- C_b A, orthonormal in the pool metric
             A_new = G[0] / A.shape[0]
+            full = self.batch_size
+            if full and m < full:
+                # a short step (a chunk's last rows, a small last chunk): power on
+                # the blend of the previous steps' covariance on span(A), A M_bar
+                # in the pool metric, and this batch's, weighted by rows -- a
+                # 2-row step must not set the subspace
+                w = m / full
+                M_bar = state["power_M"] if np.any(state["power_M"]) else M
+                A_new = (1.0 - w) * (A @ M_bar) + w * A_new
+                state["power_M"] = (1.0 - w) * M_bar + w * M
+            else:
+                state["power_M"] = M
             try:
                 R = cholesky(A.shape[0] * (A_new.T @ A_new))
             except np.linalg.LinAlgError:
                 raise FloatingPointError(
-                    f"kpca power step {step} lost rank: the batch's covariance has fewer than "
-                    f"n_components={k} directions in the pool; use fewer components or a "
-                    "larger batch_size") from None
+                    f"kpca power step {step} lost rank on {int(m)} rows: the batch's covariance "
+                    f"has fewer than n_components={k} directions in the pool; use fewer "
+                    "components or a larger batch_size") from None
             A[:] = solve_triangular(R, A_new.T, trans="T").T
         elif self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
             A -= eta * (A @ (np.triu(M) if self.gha else M))
@@ -346,6 +364,10 @@ class ComponentProgram(StepProgram):
                 A[blk] += (eta / B) * (G[0][:, k:] - G[0][:, :k] @ W)
                 Bc[blk] += (eta / B) * (G[1][:, :k] - G[1][:, k:] @ W)
         if not np.all(np.isfinite(A)):
+            if self.power:
+                raise FloatingPointError(
+                    f"kpca power step {step} gave non-finite coefficients on {int(m)} rows; "
+                    "check X for huge values or use a larger bandwidth")
             raise FloatingPointError(
                 f"{self.method} diverged at step {step} (step size eta={eta:.3g}); "
                 "use a smaller step_size"
@@ -413,6 +435,11 @@ class PowerPCAProgram(ComponentProgram):
         super().__post_init__()
         if self.method != "kpca" or self.preconditioners is not None or self.gha:
             raise ValueError("power steps are for kpca, without preconditioners or GHA")
+
+    def init_state(self) -> dict[str, Any]:
+        # the Rayleigh matrix of the steps so far (a short step's blend)
+        k = self.n_components
+        return {**super().init_state(), "power_M": np.zeros((k, k))}
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         return {**super().payload(state, step), "cache": self.cache_blocks}
