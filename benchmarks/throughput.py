@@ -16,6 +16,7 @@ so that speed is never bought with a broken model.
     python benchmarks/throughput.py --solvers dsg --no-single
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single    # one 2-thread worker
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single --lanes 1
+    python benchmarks/throughput.py --solvers one-class --precond-rows
 
 Targets (issue 12): DSG >= 50 % and EigenPro-RF >= 25 % of the ceiling on
 2M x 32 with 2 workers; 2 workers / 1 worker rows/s >= 1.7.
@@ -118,20 +119,22 @@ def step_overhead(client, n_steps: int = 200) -> dict:
 
 
 def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
-            repeat: int = 1, lanes: int | str = "auto") -> dict:
+            repeat: int = 1, lanes: int | str = "auto", local_steps: int | str = "auto") -> dict:
     """One epoch at default settings; rows/s over the whole fit, from the median of
     ``repeat`` timed fits (the same model each time: the fit is deterministic)."""
     import numpy as np
 
-    from dkernel import DSGRegressor, EigenProRegressor, KernelPCA
+    from dkernel import DSGOneClassSVM, DSGRegressor, EigenProRegressor, KernelPCA
     from dkernel.data import open_dataset
 
     cls = {"dsg": DSGRegressor, "eigenpro": EigenProRegressor, "kpca": KernelPCA,
-           "kpca-power": KernelPCA}[kind]
+           "kpca-power": KernelPCA, "one-class": DSGOneClassSVM}[kind]
     kw = {"n_features": n_features, "n_epochs": 1, "client": client, "lanes": lanes}
     if kind.startswith("kpca"):
         kw["n_components"] = 8
         kw["steps"] = "power" if kind == "kpca-power" else "block"
+    if kind == "one-class":
+        kw["local_steps"] = local_steps
     # warm-up on the held-out rows, untimed: a fresh worker's first fit also
     # pays one-time imports and first page-ins (0.5-2 s here), which a
     # long-running cluster does not
@@ -148,11 +151,14 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     seconds = statistics.median(times)
     if kind.startswith("kpca"):  # variance the 8 components capture (the larger, the better)
         quality = ("captured variance", float(np.sum(model.explained_variance_)))
+    elif kind == "one-class":  # held-out rows below the offset: about nu (0.5) when fitted
+        quality = ("held-out outlier fraction", float(np.mean(model.predict(test[0]) == -1)))
     else:
         quality = ("test R^2", model.score(*test))
     out = {"seconds": seconds, "seconds_each": times, "rows_per_s": n / seconds,
            "quality": quality, "tasks": tasks}
-    for attr in ("lanes_", "batch_size_", "q_", "step_backoffs_", "preconditioner_seconds_"):
+    for attr in ("lanes_", "batch_size_", "local_steps_", "q_", "step_backoffs_",
+                 "preconditioner_seconds_"):
         if hasattr(model, attr):
             v = getattr(model, attr)
             out[attr] = v if isinstance(v, (int, float, str)) else len(v)
@@ -202,7 +208,8 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
               f"{1e3 * res['step_overhead']['seconds_per_step']:.1f} ms, "
               f"{res['step_overhead']['tasks_per_step']:.1f} tasks", flush=True)
         for kind in args.solvers:
-            r = fit_one(kind, store, test, args.features, client, args.repeat, args.lanes)
+            r = fit_one(kind, store, test, args.features, client, args.repeat, args.lanes,
+                        args.local_steps)
             # the machine's speed drifts by 20-30% over minutes here: each fit is
             # compared with the mean of the ceilings measured just before and after it
             after = measure_ceiling(client, args.inputs, args.features)
@@ -227,12 +234,15 @@ def main() -> None:
     p.add_argument("--chunk-rows", type=int, default=65536)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"],
-                   choices=["dsg", "eigenpro", "kpca", "kpca-power"],
+                   choices=["dsg", "eigenpro", "kpca", "kpca-power", "one-class"],
                    help="kpca: KernelPCA(n_components=8), Xie et al.'s block steps of 512 "
-                        "rows; kpca-power: the same with steps='power' (docs/scaling.md)")
+                        "rows; kpca-power: the same with steps='power'; one-class: "
+                        "DSGOneClassSVM, rounds of local steps (docs/scaling.md)")
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="the fits' lanes ('auto': one per worker thread)")
+    p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="one-class's local_steps (1: one synchronous step a round, as before)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed fits per solver and cluster size; rows/s from their median "

@@ -151,7 +151,98 @@ def test_density_ratio_from_out_of_core_samples_mixes_them_in_every_chunk(client
     in_memory = DSGDensityRatio(**kw).fit(Xp, Xq).score_samples(Xt)
     chunked = DSGDensityRatio(**kw).fit(da.from_array(Xp, chunks=(250, 1)),
                                         da.from_array(Xq, chunks=(300, 1))).score_samples(Xt)
-    # two SGD runs over differently ordered rows: measured within 0.02 of each other
-    np.testing.assert_allclose(chunked, in_memory, atol=0.1)
+    # two SGD runs over differently ordered rows (3 and 8 chunks): measured 0.07 apart
+    # at most with 4 lanes, 0.115 (at x = -2, in the tail) with lanes="auto" (2)
+    np.testing.assert_allclose(chunked, in_memory, atol=0.15)
     bulk = np.abs(Xt[:, 0]) <= 1.5  # where both samples are dense (the tails: see above)
     np.testing.assert_allclose(chunked[bulk], _log_ratio_gaussians(Xt[bulk, 0]), atol=0.3)
+
+
+def _reference_rounds(model, X, chunks, n_epochs):
+    """The fit's rounds in NumPy: for every round of the engine's plan, each
+    lane takes ``local_steps_`` hinge steps of ceil(batch / lanes) rows from
+    the round's iterate, and the iterates and their averages are averaged
+    over the lanes by rows (solvers/pool.py)."""
+    from dkernel.data.plan import ChunkPlan
+
+    L, k = model.lanes_, model.local_steps_
+    share = -(-model.batch_size_ // L)
+    plan = ChunkPlan(tuple(chunks), L * k * share, L, model.random_state)
+    Phi = model.features_.blocks(X, range(model.n_blocks_)).astype(np.float64)
+    D = Phi.shape[1]
+    starts = np.r_[0, np.cumsum(chunks)]
+    nu, g0, decay = model.nu, model.step_size_, model.step_decay_
+    w, wa, tau, ta, t = np.zeros(D), np.zeros(D), 0.0, 0.0, 0.0
+    for epoch in range(n_epochs):
+        for group in plan.groups(epoch):
+            slices = {c: plan.row_slices(epoch, c) for c in group}
+            for j in range(plan.group_steps(group)):
+                sums, rows, steps, lanes = [0.0] * 4, 0, 0, 0
+                for c in group:
+                    if j >= len(slices[c]):
+                        continue
+                    idx = starts[c] + slices[c][j]
+                    lw, lwa, lt, lta, tt = w.copy(), wa.copy(), tau, ta, t
+                    for a in range(0, len(idx), share):
+                        Z = Phi[idx[a:a + share]] / np.sqrt(D)
+                        below = (Z @ lw < lt).astype(float)
+                        gamma = g0 / (1 + decay * tt)
+                        lw = (1 - gamma * nu) * lw + gamma * (Z.T @ below) / len(Z)
+                        lt -= gamma * (below.mean() - nu)
+                        cc = 4.0 / (tt + 4.0)
+                        lwa += cc * (lw - lwa)
+                        lta += cc * (lt - lta)
+                        tt += 1
+                        steps += 1
+                    n = len(idx)
+                    sums = [sums[0] + n * lw, sums[1] + n * lwa,
+                            sums[2] + n * lt, sums[3] + n * lta]
+                    rows += n
+                    lanes += 1
+                w, wa, tau, ta = (v / rows for v in sums)
+                t += steps / lanes
+    return wa, ta
+
+
+def test_one_class_rounds_of_local_steps_are_the_algorithm_written_out(client):
+    """lanes=2, 3 local steps of 32 rows a lane between averages: the model is
+    the NumPy rounds on the same plan and features (uneven chunks, so some
+    rounds have one lane or a short last local step)."""
+    X = _two_blobs(1100, 8)
+    chunks = (300, 300, 250, 250)
+    model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=2, batch_size=64,
+                           lanes=2, local_steps=3, client=client)
+    model.fit(da.from_array(X, chunks=(chunks, 2)))
+    assert (model.lanes_, model.batch_size_, model.local_steps_) == (2, 64, 3)
+    wa, ta = _reference_rounds(model, X, chunks, 2)
+    np.testing.assert_allclose(model.coef_, wa, rtol=2e-4, atol=1e-5 * np.abs(wa).max())
+    assert model.offset_ == pytest.approx(ta, rel=2e-4)
+
+
+def test_default_rounds_of_local_steps_keep_the_synchronous_model_quality(client):
+    """The default rounds (lanes="auto", many local steps a round) against one
+    synchronous step a round, at the same lanes and batch: the same AUC against
+    outliers, the nu-property, and a round trip per round instead of per step."""
+    X = _two_blobs(24000, 10)
+    outliers = np.random.default_rng(12).standard_normal((2000, 2)) * 2.5
+    Xt = np.vstack([_two_blobs(2000, 11), outliers.astype(np.float32)])
+    yt = np.r_[np.ones(2000), np.zeros(2000)]
+    kw = dict(nu=0.2, bandwidth=0.7, n_features=512, n_epochs=2, client=client)
+    rounds = DSGOneClassSVM(**kw).fit(da.from_array(X, chunks=(3000, 2)))
+    assert rounds.lanes_ == 2 and rounds.batch_size_ == 512 and rounds.local_steps_ > 1
+    sync = DSGOneClassSVM(**kw, local_steps=1).fit(da.from_array(X, chunks=(3000, 2)))
+    # 24000 rows: at least 8 rounds an epoch, 2 x 1500 rows a round (5 local steps of 256)
+    assert rounds.local_steps_ == 5 and [h["steps"] for h in rounds.history_] == [8, 8]
+    assert [h["steps"] for h in sync.history_] == [48, 48]
+    auc_rounds = roc_auc_score(yt, rounds.score_samples(Xt))
+    auc_sync = roc_auc_score(yt, sync.score_samples(Xt))
+    assert abs(auc_rounds - auc_sync) <= 0.01, (auc_rounds, auc_sync)
+    frac_out = float((rounds.predict(X) == -1).mean())
+    assert 0.5 * 0.2 <= frac_out <= 1.5 * 0.2, frac_out
+
+
+def test_pool_estimators_refuse_a_bad_local_steps():
+    with pytest.raises(ValueError, match="local_steps"):
+        DSGOneClassSVM(local_steps=0).fit(np.zeros((5, 2)))
+    with pytest.raises(ValueError, match="lanes"):
+        DSGDensityRatio(lanes="many").fit(np.zeros((5, 2)), np.zeros((5, 2)))

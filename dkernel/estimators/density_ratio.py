@@ -48,12 +48,15 @@ class DSGDensityRatio(PoolEstimator):
         Weights w of log r = z^T w (the averaged iterate).
     n_numerator_, n_denominator_ : int
         Sizes of the two samples.
+    lanes_, batch_size_, local_steps_ : int
+        The resolved widths (the model depends on them; saved with it).
     """
 
     def __init__(self, *, alpha: float = 1e-3, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,
-                 batch_size: int = 512, n_epochs: int = 5, step_size: float | str = "auto",
-                 step_decay: float | str = "auto", lanes: int = 4, random_state: int = 0,
+                 batch_size: int | str = "auto", n_epochs: int = 5,
+                 step_size: float | str = "auto", step_decay: float | str = "auto",
+                 lanes: int | str = "auto", local_steps: int | str = "auto", random_state: int = 0,
                  client: Any = None, verbose: bool = False, checkpoint: str | None = None,
                  checkpoint_every: int = 0, resume: bool = False) -> None:
         self.alpha = alpha
@@ -66,6 +69,7 @@ class DSGDensityRatio(PoolEstimator):
         self.step_size = step_size
         self.step_decay = step_decay
         self.lanes = lanes
+        self.local_steps = local_steps
         self.random_state = random_state
         self.client = client
         self.verbose = verbose

@@ -43,6 +43,8 @@ class DSGOneClassSVM(PoolEstimator):
     offset_ : float
         tau, the averaged offset: ``decision_function = score_samples - offset_``.
     step_size_, step_decay_ : float
+    lanes_, batch_size_, local_steps_ : int
+        The resolved widths (the model depends on them; saved with it).
     bandwidth_ : float
     history_ : list of dict
         Per-epoch mean hinge loss, steps, rows and seconds.
@@ -62,8 +64,9 @@ class DSGOneClassSVM(PoolEstimator):
 
     def __init__(self, *, nu: float = 0.5, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,
-                 batch_size: int = 512, n_epochs: int = 5, step_size: float | str = "auto",
-                 step_decay: float | str = "auto", lanes: int = 4, random_state: int = 0,
+                 batch_size: int | str = "auto", n_epochs: int = 5,
+                 step_size: float | str = "auto", step_decay: float | str = "auto",
+                 lanes: int | str = "auto", local_steps: int | str = "auto", random_state: int = 0,
                  client: Any = None, verbose: bool = False, checkpoint: str | None = None,
                  checkpoint_every: int = 0, resume: bool = False) -> None:
         self.nu = nu
@@ -76,6 +79,7 @@ class DSGOneClassSVM(PoolEstimator):
         self.step_size = step_size
         self.step_decay = step_decay
         self.lanes = lanes
+        self.local_steps = local_steps
         self.random_state = random_state
         self.client = client
         self.verbose = verbose

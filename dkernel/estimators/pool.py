@@ -20,6 +20,7 @@ from dkernel.estimators.base import (
     sample_rows,
 )
 from dkernel.features import FeatureMap
+from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
 
 POOL_DOC = """
@@ -30,8 +31,11 @@ POOL_DOC = """
         Size D of the random feature pool; f = z^T w with z.z ~ k.
     block_size : int, default=256
         Features per seed (block) of the pool.
-    batch_size : int, default=512
-        Rows per step, spread over ``lanes`` chunks.
+    batch_size : int or "auto", default="auto"
+        Rows per step, spread over ``lanes`` chunks: each lane's local step
+        takes ceil(batch_size / lanes) of its rows.  "auto": 256 a lane, at
+        least 512 (a local step of a few rows is Python overhead, not compute).
+        Stored as ``batch_size_``.
     n_epochs : int, default=5
     step_decay : float or "auto", default="auto"
         gamma_t = step_size / (1 + step_decay * t).  "auto" is nu * step_size
@@ -39,8 +43,17 @@ POOL_DOC = """
         to 1 / (nu t), the rate-optimal schedule of Pegasos and of Dai et
         al.'s theorems, without their huge first steps.  The model is the
         polynomial-decay average of the iterates (Shamir & Zhang 2013).
-    lanes : int, default=4
-        Chunks sharing one step.
+    lanes : int or "auto", default="auto"
+        Chunks sharing one round (parallel width; the model depends on it, not
+        on the number of workers).  "auto" is one per worker thread; stored as
+        ``lanes_`` (pass it back to reproduce the fit on another cluster).
+    local_steps : int or "auto", default="auto"
+        Steps each lane takes on its own rows between two averages of the
+        lanes' iterates (a round, one engine step: local SGD).  1 is the
+        synchronous step on the whole batch.  "auto": a lane's round is about
+        2^27 feature evaluations (65536 rows at n_features=2048, 128 local
+        steps of 512 rows), so its compute dwarfs the round trip, but at least
+        8 rounds an epoch.  Stored as ``local_steps_``.
     random_state : int, default=0
         Global seed of features and shuffling.
     client : distributed.Client, optional
@@ -61,10 +74,12 @@ class PoolEstimator(BaseEstimator):
             check_positive("step_size", self.step_size)
         if self.step_decay != "auto":
             check_positive("step_decay", self.step_decay, allow_zero=True)
-        check_positive("lanes", self.lanes, integer=True)
+        for name in ("lanes", "local_steps"):
+            if getattr(self, name) != "auto":
+                check_positive(name, getattr(self, name), integer=True)
 
     def _fit_program(self, data: Dataset, client: Any, make_program: Any) -> dict[str, Any]:
-        """Resolve bandwidth and pool, run ``make_program(features, n_blocks, sample)``."""
+        """Resolve bandwidth, pool and widths, run ``make_program(features, n_blocks, sample)``."""
         sample = sample_rows(data, self.random_state, client)
         bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
         B = min(int(self.block_size), int(self.n_features))
@@ -72,8 +87,23 @@ class PoolEstimator(BaseEstimator):
         features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
         program: PoolProgram = make_program(features, n_blocks, sample)
         engine = Engine(client, self._engine_options())
+        self.lanes_ = engine.resolve_lanes(data)
+        engine.options.lanes = self.lanes_
+        self.batch_size_ = (max(512, 256 * self.lanes_) if self.batch_size == "auto"
+                            else int(self.batch_size))
+        share = math.ceil(self.batch_size_ / self.lanes_)  # one lane's rows a local step
+        if self.local_steps == "auto":
+            # a lane's round: DSG's rows a lane (2^27 feature evaluations), at most
+            # an eighth of its rows an epoch
+            rows = min(default_batch(1, n_blocks * B, data.n_rows),
+                       math.ceil(data.n_rows / (8 * self.lanes_)))
+            self.local_steps_ = max(1, rows // share)
+        else:
+            self.local_steps_ = int(self.local_steps)
+        program.step_rows = share
+        program.cache_blocks = int(self.n_epochs) > 1
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
-                                 batch_size=int(self.batch_size),
+                                 batch_size=self.lanes_ * self.local_steps_ * share,
                                  random_state=int(self.random_state))
         self.features_ = features
         self.n_blocks_ = n_blocks
@@ -105,7 +135,8 @@ class PoolEstimator(BaseEstimator):
         return ({"coef": self.coef_},
                 {"features": self.features_.to_dict(), "n_blocks": self.n_blocks_,
                  "step_size_": self.step_size_, "step_decay_": self.step_decay_,
-                 **self._extra_meta()})
+                 "lanes_": self.lanes_, "batch_size_": self.batch_size_,
+                 "local_steps_": self.local_steps_, **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         self.features_ = FeatureMap.from_dict(meta["features"])
@@ -113,6 +144,10 @@ class PoolEstimator(BaseEstimator):
         self.coef_ = arrays["coef"]
         self.step_size_ = meta["step_size_"]
         self.step_decay_ = meta["step_decay_"]
+        # files written before rounds of local steps: 4 lanes, one step a round
+        self.lanes_ = meta.get("lanes_", 4)
+        self.batch_size_ = meta.get("batch_size_", self.batch_size)
+        self.local_steps_ = meta.get("local_steps_", 1)
         self.bandwidth_ = self.features_.bandwidth
         self.n_features_in_ = self.features_.n_inputs
         self.n_features_ = self.coef_.shape[0]

@@ -24,23 +24,27 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine.program import Chunk
-from dkernel.solvers.pool import PoolProgram, forward, pool_gradient
+from dkernel.solvers.pool import PoolProgram, pool_round
 
 #: exp(f) is evaluated at min(f, this): a wild early step must not overflow to inf
 #: (e^50 ~ 5e21 still points the gradient the right way).
 _EXP_CAP = 50.0
 
 
-def ratio_partial(payload: dict, chunk: Chunk) -> dict:
-    """Worker side: f on the rows, the weighted KL risk and its gradient."""
-    f = forward(payload, chunk)
-    numerator = np.asarray(chunk.y_rows).reshape(-1) > 0.5
+def _kl(payload: dict, f: np.ndarray, y: Any,
+        offset: float) -> tuple[float, np.ndarray, float, dict]:
+    """The weighted KL risk of the rows (label 1: numerator) and its derivative."""
+    numerator = np.asarray(y).reshape(-1) > 0.5
     w_p, w_q = payload["weight_numerator"], payload["weight_denominator"]
     e = np.exp(np.minimum(f, _EXP_CAP))
     value = np.where(numerator, -w_p * f, w_q * e)
     dl = np.where(numerator, -w_p, w_q * e)
-    return {"grad": pool_gradient(payload, chunk, dl), "loss": float(value.sum()),
-            "count": f.shape[0]}
+    return float(value.sum()), dl, 0.0, {}
+
+
+def ratio_partial(payload: dict, chunk: Chunk) -> dict:
+    """Worker side: one lane's round of local steps (:func:`pool_round`)."""
+    return pool_round(payload, chunk, _kl)
 
 
 @dataclass

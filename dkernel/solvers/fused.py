@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -82,24 +82,12 @@ def pool_gradient(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
 def _generated(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
                derivative: Derivative) -> tuple[np.ndarray, float]:
     dt = np.dtype(features.dtype)
-    xp = namespace(chunk.X)
-    W, b = (asarray_like(a, chunk.X) for a in features.stacked(n_blocks))
-    D = W.shape[1]
-    rows = chunk.rows
-    m = chunk.X.shape[0] if rows is None else len(rows)
-    T = min(m, tile_rows(D, dt.itemsize))
-    Z = _buffer(xp, (T, D), dt)
-    root2 = dt.type(math.sqrt(2.0))
-    c = coef * root2  # phi = sqrt(2) cos(.): the factor moves onto coef and g
+    D = n_blocks * features.block_size
+    c = coef * dt.type(math.sqrt(2.0))  # phi = sqrt(2) cos(.): the factor moves onto coef and g
     grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
     loss = 0.0
-    for a in range(0, m, T):
-        tile = slice(a, min(m, a + T))
-        Zt = Z[: tile.stop - a]
-        X_t = chunk.X[tile] if rows is None else chunk.X[rows[tile]]
-        xp.matmul(X_t.astype(dt, copy=False), W, out=Zt)
-        Zt += b
-        xp.cos(Zt, out=Zt)
+    for tile, [(_, Zt, _)] in feature_tiles(features, chunk, n_blocks, tile_rows(D, dt.itemsize),
+                                            use_cache=False):
         value, dl = derivative(Zt @ c, tile)
         loss += float(value)
         grad += to_numpy(Zt.T @ dl.astype(dt, copy=False))
@@ -109,28 +97,70 @@ def _generated(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
 
 def _cached(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
             derivative: Derivative) -> tuple[np.ndarray, float]:
-    B = features.block_size
     dt = np.dtype(features.dtype)
     xp = namespace(chunk.X)
-    rows = chunk.rows
-    m = chunk.X.shape[0] if rows is None else len(rows)
+    D = n_blocks * features.block_size
+    grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
+    loss = 0.0
+    # block-by-block work: tiles at least _MIN_BLOCK_TILE rows keep the Python
+    # calls per row small
+    for tile, pieces in feature_tiles(features, chunk, n_blocks,
+                                      max(_MIN_BLOCK_TILE, tile_rows(D, dt.itemsize))):
+        f = xp.zeros((tile.stop - tile.start, coef.shape[1]), dtype=dt)
+        for cols, Zj, _ in pieces:
+            f += Zj @ coef[cols]
+        value, dl = derivative(f, tile)
+        loss += float(value)
+        dl = dl.astype(dt, copy=False)
+        for cols, Zj, _ in pieces:
+            grad[cols] += to_numpy(Zj.T @ dl)
+    return grad, loss
+
+
+#: One tile's features as pieces: (columns of the pool, unscaled matrix rows x
+#: columns, factor), phi[:, columns] = factor * matrix.
+Pieces = list[tuple[slice, Any, float]]
+
+
+def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
+                  use_cache: bool = True) -> Iterator[tuple[slice, Pieces]]:
+    """The task's rows in tiles of ``rows``, each with its D unscaled features,
+    for passes whose coefficients change between tiles (the local steps of
+    :mod:`dkernel.solvers.pool`); :func:`pool_gradient` is the same pass with
+    one coefficient vector.  Yields ``(tile, pieces)``: ``tile`` a slice of the
+    task's rows, ``pieces`` as :data:`Pieces`, valid until the next tile
+    (the buffers are reused).  Without ``use_cache`` one product with the
+    stacked weights per tile; with it, blocks from (or into) the worker cache,
+    generated for the tile's rows where the cache does not hold them."""
+    dt = np.dtype(features.dtype)
+    xp = namespace(chunk.X)
+    idx_all = chunk.rows
+    m = chunk.X.shape[0] if idx_all is None else len(idx_all)
+    T = max(1, min(m, int(rows)))
+    B = features.block_size
     D = n_blocks * B
+    if not use_cache:
+        W, b = (asarray_like(a, chunk.X) for a in features.stacked(n_blocks))
+        Z = _buffer(xp, (T, D), dt)
+        for a in range(0, m, T):
+            tile = slice(a, min(m, a + T))
+            Zt = Z[: tile.stop - a]
+            X_t = chunk.X[tile] if idx_all is None else chunk.X[idx_all[tile]]
+            xp.matmul(X_t.astype(dt, copy=False), W, out=Zt)
+            Zt += b
+            xp.cos(Zt, out=Zt)
+            yield tile, [(slice(0, D), Zt, math.sqrt(2.0))]  # phi = sqrt(2) cos(.)
+        return
     nbytes = chunk.X.shape[0] * B * dt.itemsize
     full = [cache.lookup_or_fill((chunk.key, features, j),
                                  lambda j=j: features.block(chunk.X, j), nbytes, owner=chunk.run)
             for j in range(n_blocks)]
-    # block-by-block work: tiles at least _MIN_BLOCK_TILE rows keep the Python
-    # calls per row small
-    T = min(m, max(_MIN_BLOCK_TILE, tile_rows(D, dt.itemsize)))
     Z = _buffer(xp, (n_blocks, T, B), dt)
-    grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
-    loss = 0.0
     for a in range(0, m, T):
         tile = slice(a, min(m, a + T))
         t = tile.stop - a
-        idx = None if rows is None else rows[tile]
+        idx = None if idx_all is None else idx_all[tile]
         X_t = None
-        f = xp.zeros((t, coef.shape[1]), dtype=dt)
         for j in range(n_blocks):
             Zj = Z[j, :t]
             if full[j] is None:
@@ -141,10 +171,4 @@ def _cached(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
                 Zj[...] = full[j][tile]
             else:
                 xp.take(full[j], idx, axis=0, out=Zj, mode="clip")  # valid rows; clip avoids a copy
-            f += Zj @ coef[j * B : (j + 1) * B]
-        value, dl = derivative(f, tile)
-        loss += float(value)
-        dl = dl.astype(dt, copy=False)
-        for j in range(n_blocks):
-            grad[j * B : (j + 1) * B] += to_numpy(Z[j, :t].T @ dl)
-    return grad, loss
+        yield tile, [(slice(j * B, (j + 1) * B), Z[j, :t], 1.0) for j in range(n_blocks)]

@@ -22,17 +22,21 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine.program import Chunk
-from dkernel.solvers.pool import PoolProgram, forward, pool_gradient
+from dkernel.solvers.pool import PoolProgram, pool_round
+
+
+def _hinge(payload: dict, f: np.ndarray, y: Any,
+           tau: float) -> tuple[float, np.ndarray, float, dict]:
+    """The hinge max(0, tau - f), its derivative -[f < tau] and d/d tau of the
+    mean risk, mean [f < tau] - nu."""
+    below = (f < tau).astype(np.float64)
+    return (float(np.maximum(tau - f, 0.0).sum()), -below,
+            float(below.mean()) - payload["alpha"], {"below": float(below.sum())})
 
 
 def novelty_partial(payload: dict, chunk: Chunk) -> dict:
-    """Worker side: f on the rows, the hinge max(0, tau - f) and its gradient."""
-    f = forward(payload, chunk)
-    tau = payload["offset"]
-    below = (f < tau).astype(np.float64)
-    # d/df max(0, tau - f) = -[f < tau]
-    return {"grad": pool_gradient(payload, chunk, -below), "below": float(below.sum()),
-            "loss": float(np.maximum(tau - f, 0).sum()), "count": f.shape[0]}
+    """Worker side: one lane's round of local steps (:func:`pool_round`)."""
+    return pool_round(payload, chunk, _hinge)
 
 
 @dataclass
@@ -41,7 +45,3 @@ class OneClassProgram(PoolProgram):
 
     label: str = "one-class"
     partial = staticmethod(novelty_partial)
-
-    def offset_gradient(self, total: dict[str, Any]) -> float:
-        # d/d tau [mean max(0, tau - f) - nu tau] = mean [f < tau] - nu
-        return total["below"] / max(int(total["count"]), 1) - self.alpha
