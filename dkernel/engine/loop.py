@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from dkernel.backend import align_arrays, aligned
 from dkernel.data.dataset import Dataset, StoreArrays, read_store_rows
-from dkernel.data.plan import ChunkPlan
+from dkernel.data.plan import ChunkPlan, RowSlice
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine.checkpoint import Checkpointer
 from dkernel.engine.guard import DivergenceGuard
@@ -92,8 +92,11 @@ def _aligned_chunk(chunk: tuple[Any, Any]) -> tuple[Any, Any]:
     return aligned(chunk[0]), aligned(chunk[1])
 
 
-def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any], rows: np.ndarray | None,
-                 key: Any = None, constants: dict | None = None, run: Any = None) -> dict:
+def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any],
+                 rows: np.ndarray | RowSlice | None, key: Any = None,
+                 constants: dict | None = None, run: Any = None) -> dict:
+    if isinstance(rows, RowSlice):  # the plan's slice, expanded here (data/plan.py)
+        rows = rows.rows()
     # (in-memory chunks are realigned once when scattered, so this copies nothing there)
     X, y = aligned(chunk[0]), aligned(chunk[1])
     if isinstance(payload, dict):
@@ -379,7 +382,7 @@ class Engine:
             for gi, group in enumerate(todo):
                 current = loaded or source.get(group)
                 loaded, prefetch = {}, todo[gi + 1] if gi + 1 < len(todo) else None
-                slices = {c: plan.row_slices(epoch, c) for c in group}
+                n_slices = {c: plan.n_slices(c) for c in group}
                 for j in range(plan.group_steps(group)):
                     if step < start:
                         step += 1
@@ -388,14 +391,14 @@ class Engine:
                     for attempt in range(_STEP_RETRIES + 1):
                         # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
                         futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
-                                                   current[c], slices[c][j],
+                                                   current[c], plan.row_slice(epoch, c, j),
                                                    (data.X.name, c) if program.wants_chunk else None,
                                                    *extra, run=run, **source.placement(c),
                                                    key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}",
                                                    # before the prefetch of the next chunks, which
                                                    # then runs while the client sums and updates
                                                    priority=1)
-                                for c in group if j < len(slices[c])]
+                                for c in group if j < n_slices[c]]
                         if prefetch is not None:
                             # the next group's reads go out after this step's tasks, so
                             # a worker starts the step first and reads while the client

@@ -86,7 +86,7 @@ def pool_round(payload: dict, chunk: Chunk, derivative: LocalDerivative) -> dict
         f = 0.0
         for cols, Z, factor in pieces:
             f = f + to_numpy(Z @ coef[cols]).astype(np.float64) * factor
-        y_tile = None if y is None else y[tile]
+        y_tile = None if y is None else to_numpy(y[tile])  # the derivatives are NumPy
         value, dl, offset_grad, sums = derivative(payload, f, y_tile, offset)
         dl_dev = asarray_like(np.asarray(dl, dtype=dt), chunk.X)
         grad = np.empty(D)
