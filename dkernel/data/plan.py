@@ -114,7 +114,7 @@ class RowSlice:
 @lru_cache(maxsize=16)
 def _order(n: int, random_state: int, epoch: int, chunk: int, shuffle: bool) -> np.ndarray:
     """A chunk's row order in an epoch; cached because a lane takes the slices of
-    one chunk step after step (a 65536-row permutation costs ~1 ms)."""
+    one chunk step after step (a 65536-row permutation costs ~0.6 ms here)."""
     rows = _rng(_ROWS, random_state, epoch, chunk).permutation(n) if shuffle else np.arange(n)
     rows.flags.writeable = False
     return rows

@@ -541,6 +541,15 @@ class Engine:
         lanes = self.n_threads() if lanes == "auto" else int(lanes)
         return max(1, min(lanes, data.n_chunks))
 
+    def pin_lanes(self, data: Dataset, lanes: int | str | None = None) -> int:
+        """Resolve ``lanes`` (default: the options') for ``data`` and keep the
+        number in the options, so every later pass of this engine runs at the
+        width the model records as ``lanes_``."""
+        if lanes is not None:
+            self.options.lanes = lanes
+        self.options.lanes = self.resolve_lanes(data)
+        return self.options.lanes
+
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
              payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
              random_state: int = 0, fingerprint: dict | None = None, label: str = "scan",

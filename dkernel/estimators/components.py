@@ -376,9 +376,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         worker thread and a lane's rows as DSG's (2^27 feature evaluations,
         ``default_batch``), at most an eighth of the rows so that an epoch
         makes at least 8 power steps (but 16 rows a component)."""
-        engine.options.lanes = 4 if self.lanes == "auto" and not power else self.lanes
-        self.lanes_ = engine.resolve_lanes(data)
-        engine.options.lanes = self.lanes_
+        lanes = 4 if self.lanes == "auto" and not power else self.lanes
+        self.lanes_ = engine.pin_lanes(data, lanes)
         # power steps: at least 16 rows a component; fewer make the batch
         # covariance lose rank or leave noise in the last components
         floor = min(data.n_rows, 16 * int(self.n_components))

@@ -241,8 +241,7 @@ class _DSGBase(BaseEstimator):
             val = None
             if self.early_stopping:
                 data, val = split_validation(data, self.validation_fraction, self.random_state_)
-            self.lanes_ = engine.resolve_lanes(data)
-            engine.options.lanes = self.lanes_
+            self.lanes_ = engine.pin_lanes(data)
             if self.preconditioner == "eigenpro":
                 program = self._preconditioned_program(engine, data, features, n_blocks, encoding,
                                                        rows if shared else None)

@@ -394,8 +394,7 @@ class _EigenProBase(BaseEstimator):
         D = n_blocks * B
         features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
         tau = 0.25 if self.damping is None else float(self.damping)  # paper 4.1: tau = 1/4 for RF
-        self.lanes_ = engine.resolve_lanes(data)
-        engine.options.lanes = self.lanes_
+        self.lanes_ = engine.pin_lanes(data)
         max_batch = int(self.max_batch or default_batch(self.lanes_, D, data.n_rows))
         # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
         s = self._rf_subsample(data)
@@ -431,8 +430,7 @@ class _EigenProBase(BaseEstimator):
     def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
              key: str, resident: dict | None = None) -> dict:
         monitor = EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
-        self.lanes_ = engine.resolve_lanes(data)  # recorded: the model depends on it
-        engine.options.lanes = self.lanes_
+        self.lanes_ = engine.pin_lanes(data)  # recorded: the model depends on it
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs), batch_size=batch,
                                  random_state=self.random_state_, on_epoch=monitor,
                                  resident=resident)

@@ -87,8 +87,7 @@ class PoolEstimator(BaseEstimator):
         features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
         program: PoolProgram = make_program(features, n_blocks, sample)
         engine = Engine(client, self._engine_options())
-        self.lanes_ = engine.resolve_lanes(data)
-        engine.options.lanes = self.lanes_
+        self.lanes_ = engine.pin_lanes(data)
         self.batch_size_ = (max(512, 256 * self.lanes_) if self.batch_size == "auto"
                             else int(self.batch_size))
         share = math.ceil(self.batch_size_ / self.lanes_)  # one lane's rows a local step
