@@ -17,6 +17,8 @@ so that speed is never bought with a broken model.
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single    # one 2-thread worker
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single --lanes 1
     python benchmarks/throughput.py --solvers one-class --precond-rows
+    python benchmarks/throughput.py --solvers ksvd-power ksvd --rows 1000000 --repeat 1 \
+        --precond-rows
 
 Targets (issue 12): DSG >= 50 % and EigenPro-RF >= 25 % of the ceiling on
 2M x 32 with 2 workers; 2 workers / 1 worker rows/s >= 1.7.
@@ -124,15 +126,16 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     ``repeat`` timed fits (the same model each time: the fit is deterministic)."""
     import numpy as np
 
-    from dkernel import DSGOneClassSVM, DSGRegressor, EigenProRegressor, KernelPCA
+    from dkernel import DSGOneClassSVM, DSGRegressor, EigenProRegressor, KernelPCA, KernelSVD
     from dkernel.data import open_dataset
 
     cls = {"dsg": DSGRegressor, "eigenpro": EigenProRegressor, "kpca": KernelPCA,
-           "kpca-power": KernelPCA, "one-class": DSGOneClassSVM}[kind]
+           "kpca-power": KernelPCA, "ksvd": KernelSVD, "ksvd-power": KernelSVD,
+           "one-class": DSGOneClassSVM}[kind]
     kw = {"n_features": n_features, "n_epochs": 1, "client": client, "lanes": lanes}
-    if kind.startswith("kpca"):
-        kw["n_components"] = 8
-        kw["steps"] = "power" if kind == "kpca-power" else "block"
+    if kind.startswith(("kpca", "ksvd")):
+        kw["n_components"] = 8 if kind.startswith("kpca") else 4
+        kw["steps"] = "power" if kind.endswith("-power") else "block"
     if kind == "one-class":
         kw["local_steps"] = local_steps
     # warm-up on the held-out rows, untimed: a fresh worker's first fit also
@@ -151,6 +154,8 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     seconds = statistics.median(times)
     if kind.startswith("kpca"):  # variance the 8 components capture (the larger, the better)
         quality = ("captured variance", float(np.sum(model.explained_variance_)))
+    elif kind.startswith("ksvd"):  # X and y as two views: held-out canonical correlations
+        quality = ("held-out correlation sum", model.score(*test))
     elif kind == "one-class":  # held-out rows below the offset: about nu (0.5) when fitted
         quality = ("held-out outlier fraction", float(np.mean(model.predict(test[0]) == -1)))
     else:
@@ -234,9 +239,12 @@ def main() -> None:
     p.add_argument("--chunk-rows", type=int, default=65536)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"],
-                   choices=["dsg", "eigenpro", "kpca", "kpca-power", "one-class"],
+                   choices=["dsg", "eigenpro", "kpca", "kpca-power", "ksvd", "ksvd-power",
+                            "one-class"],
                    help="kpca: KernelPCA(n_components=8), Xie et al.'s block steps of 512 "
-                        "rows; kpca-power: the same with steps='power'; one-class: "
+                        "rows; kpca-power: the same with steps='power' (the default since "
+                        "steps='auto'); ksvd, ksvd-power: KernelSVD(n_components=4) of the "
+                        "store's X and y as two views, block / power steps; one-class: "
                         "DSGOneClassSVM, rounds of local steps (docs/scaling.md)")
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",

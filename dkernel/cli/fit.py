@@ -167,7 +167,7 @@ def _build_components(args: argparse.Namespace) -> Any:
                 ("lanes", "lanes"),
             ),
         )
-    if cls is KernelPCA:
+    if cls in (KernelPCA, KernelSVD):
         _given(args, kw, (("steps", "steps"),))
     if cls is KernelCCA:
         _given(args, kw, (("alpha", "alpha"),))
@@ -317,8 +317,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--lanes",
         type=lambda v: v if v == "auto" else int(v),
         help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (the default "
-        "of dsg, eigenpro and kpca; kcca and ksvd take a number): one per worker thread, "
-        "recorded in the model",
+        "of dsg, eigenpro, kpca and ksvd; kcca takes a number): one per worker thread (4 for "
+        "kpca's and ksvd's block steps), recorded in the model",
     )
     g.add_argument(
         "--early-stopping",
@@ -363,9 +363,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument(
         "--steps",
-        choices=("block", "power"),
-        help="kpca: 'block' (Xie et al.'s Alg. 1-2, one feature block a step; default) or "
-        "'power' (whole-pool power steps on wide batches, for data on a cluster)",
+        choices=("auto", "block", "power"),
+        help="kpca, ksvd: 'power' (whole-pool power steps on wide batches, for data on a "
+        "cluster), 'block' (Xie et al.'s Alg. 1-3, one feature block a step) or 'auto' "
+        "(default: power, unless --step-size or --step-decay asks for block steps)",
     )
     g.add_argument(
         "--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)"

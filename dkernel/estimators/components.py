@@ -33,7 +33,7 @@ from dkernel.features import FeatureMap
 from dkernel.kernels.exact import check_kernel, kernel_matrix
 from dkernel.solvers.components import (
     ComponentProgram,
-    PowerPCAProgram,
+    PowerProgram,
     centred_moments,
     moments_partial,
     moments_payload,
@@ -85,7 +85,7 @@ _DOC_COMMON = """
 """
 
 
-_DOC_KPCA = _DOC_COMMON.replace(
+_DOC_POWER = _DOC_COMMON.replace(
     """    batch_size : int, default=512
         Rows per step, spread over ``lanes`` chunks.
 """,
@@ -106,7 +106,26 @@ _DOC_KPCA = _DOC_COMMON.replace(
         Chunks sharing one step (the model depends on it, not on the workers).
         "auto": 4 for block steps, one per worker thread for power steps.
         Stored as ``lanes_``.
-""")
+""").replace(
+    """    step_size : float or "auto", default="auto"
+        theta_0""",
+    """    step_size : float or "auto", default="auto"
+        Block steps only.  theta_0""").replace(
+    """    step_decay : float or "auto", default="auto"
+        theta_1""",
+    """    step_decay : float or "auto", default="auto"
+        Block steps only.  theta_1""")
+
+_DOC_STEPS = """    steps : {{"auto", "block", "power"}}, default="auto"
+        "block": Xie et al.'s algorithm, one block of ``block_size`` features
+        per step on ``batch_size`` rows.  "power": every step is a power step
+        on the whole pool over a wide batch (the noisy power method, module
+        docstring of :mod:`dkernel.solvers.components`), which has no step
+        size: a block step's fixed cost dominates its compute on a cluster
+        (docs/scaling.md).  "auto": power steps, unless a setting only block
+        steps have is given ({block_only}), which selects block steps.
+        Stored as ``steps_``.
+"""
 
 #: theta_0 = c / lambda_1 with lambda_1 the top eigenvalue of the (centred) kernel
 #: operator on a sample: Oja's iteration contracts for eta lambda_1 below ~2.
@@ -180,6 +199,69 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
                 "use more random features than components"
             )
 
+    #: Settings only block steps have, and their defaults (power steps have no step size).
+    _block_only: tuple[tuple[str, Any], ...] = (("step_size", "auto"), ("step_decay", "auto"))
+
+    def _resolve_steps(self) -> bool:
+        """``steps_`` (module docs of the estimators); True for power steps."""
+        if self.steps not in ("auto", "block", "power"):
+            raise ValueError(f"steps must be 'auto', 'block' or 'power', got {self.steps!r}")
+        given = [(name, getattr(self, name)) for name, default in self._block_only
+                 if getattr(self, name) != default]
+        if self.steps == "power" and given:
+            name, value = given[0]
+            raise ValueError(f"{name}={value!r} applies to block steps; power steps "
+                             f"(steps='power') have none: leave {name} at its default "
+                             "or use steps='block'")
+        self.steps_ = "power" if self.steps == "power" or (self.steps == "auto" and not given) \
+            else "block"
+        return self.steps_ == "power"
+
+    def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
+        """lanes_ and batch_size_.  "auto" for block steps is Xie et al.'s
+        setting as before (4 lanes, 512 rows); for power steps one lane per
+        worker thread and a lane's rows as DSG's (2^27 feature evaluations,
+        ``default_batch``), at most an eighth of the rows so that an epoch
+        makes at least 8 power steps (but 16 rows a component)."""
+        lanes = 4 if self.lanes == "auto" and not power else self.lanes
+        self.lanes_ = engine.pin_lanes(data, lanes)
+        # power steps: at least 16 rows a component; fewer make the batch
+        # covariance lose rank or leave noise in the last components
+        floor = min(data.n_rows, 16 * int(self.n_components))
+        if self.batch_size != "auto":
+            self.batch_size_ = int(self.batch_size)
+            if power and self.batch_size_ < floor:
+                raise ValueError(
+                    f"batch_size={self.batch_size_} is below 16 rows a component for power "
+                    f"steps (n_components={self.n_components}): use batch_size >= {floor} "
+                    "or 'auto'")
+        elif power:
+            self.batch_size_ = max(floor, min(default_batch(self.lanes_, D, data.n_rows),
+                                              math.ceil(data.n_rows / 8)))
+        else:
+            self.batch_size_ = 512
+
+    def _power_program(self, features: tuple, n_blocks: int, data: Any,
+                       **common: Any) -> PowerProgram:
+        """Power steps over ``features`` (one view: KPCA, two: KSVD)."""
+        self.step_size_ = self.step_decay_ = None
+        # a full step's rows: a lane takes at most its chunk (data/plan.py)
+        full = min(self.batch_size_, self.lanes_ * max(data.row_chunks))
+        return PowerProgram(self._method, features, n_blocks, int(self.n_components), 0.0, 0.0,
+                            cache_blocks=int(self.n_epochs) > 1, batch_size=int(full),
+                            label=self._method, **common)
+
+    def _width_meta(self) -> dict:
+        """What a power-capable fit depended on beyond its parameters (absent
+        from older models, which took block steps)."""
+        return {"steps": getattr(self, "steps_", "block"), "lanes_": getattr(self, "lanes_", None),
+                "batch_size_": getattr(self, "batch_size_", None)}
+
+    def _set_width_meta(self, meta: dict) -> None:
+        if "steps" in meta:
+            self.steps = self.steps_ = meta["steps"]
+            self.lanes_, self.batch_size_ = meta["lanes_"], meta["batch_size_"]
+
     def _step_decay(self, whole_pool: bool) -> float:
         """theta_1: the given one, or _STEP_DECAY of the kind of step."""
         if self.step_decay != "auto":
@@ -218,6 +300,8 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
 
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     _lanes_auto = True
+    _method = "kpca"
+    _block_only = _ComponentsBase._block_only + (("ordering", "rotate"),)
 
     __doc__ = f"""Kernel PCA by doubly stochastic gradients (Xie, Liang & Song 2015, Alg. 1-2).
 
@@ -228,21 +312,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     Parameters
     ----------
     n_components : int, default=8
-{_DOC_KPCA}
+{_DOC_POWER}
     ordering : {{"rotate", "gha"}}, default="rotate"
         "rotate": Oja subspace update, then a Rayleigh-Ritz rotation;
         "gha": Xie eq. (16), the upper-triangular update that isolates the
         individual eigenfunctions (the rotation is still applied at the end).
         Block steps only.
-    steps : {{"block", "power"}}, default="block"
-        "block": Xie et al.'s Alg. 1-2, one block of ``block_size`` features
-        per step on ``batch_size`` rows.  "power": every step is a power step
-        on the whole pool over a wide batch (the noisy power method, module
-        docstring of :mod:`dkernel.solvers.components`), for data on a
-        cluster: a block step's fixed cost dominates its compute there.
-        Power steps have no step size (leave ``step_size`` and
-        ``step_decay`` at "auto").
-
+{_DOC_STEPS.format(block_only='step_size, step_decay, ordering="gha"')}
     Attributes
     ----------
     components_ : ndarray (n_features_, n_components)
@@ -256,6 +332,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         was 7.4 and 3.3, not 1, for two components of 2048 features).
     explained_variance_ : ndarray (n_components,)
         Variance of each score, the eigenvalue estimates of the covariance operator.
+    steps_ : str
+        "block" or "power", as ``steps`` resolved.
     lanes_, batch_size_ : int
         The resolved ``lanes`` and ``batch_size`` (the model depends on them).
     step_size_, step_decay_ : float or None
@@ -292,7 +370,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         step_decay: float | str = "auto",
         center: bool = True,
         ordering: str = "rotate",
-        steps: str = "block",
+        steps: str = "auto",
         lanes: int | str = "auto",
         random_state: int = 0,
         client: Any = None,
@@ -326,15 +404,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self._check_base()
         if self.ordering not in ("rotate", "gha"):
             raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
-        if self.steps not in ("block", "power"):
-            raise ValueError(f"steps must be 'block' or 'power', got {self.steps!r}")
-        power = self.steps == "power"
-        if power:
-            for name, value in (("step_size", self.step_size), ("step_decay", self.step_decay),
-                                ("ordering", None if self.ordering == "rotate" else "gha")):
-                if value not in ("auto", None):
-                    raise ValueError(f"{name}={value!r} applies to block steps; power steps "
-                                     f"(steps='power') have none: leave {name} at its default")
+        power = self._resolve_steps()
         X, _, _ = validate_fit_input(self, X, target="none")
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
@@ -348,12 +418,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             self._resolve_width(engine, data, n_blocks * B, power)
             common = dict(center=bool(self.center), seed=self.random_state_, label="kpca")
             if power:
-                self.step_size_ = self.step_decay_ = None
-                # a full step's rows: a lane takes at most its chunk (data/plan.py)
-                full = min(self.batch_size_, self.lanes_ * max(data.row_chunks))
-                program = PowerPCAProgram("kpca", (features,), n_blocks, int(self.n_components),
-                                          0.0, 0.0, cache_blocks=int(self.n_epochs) > 1,
-                                          batch_size=int(full), **common)
+                program = self._power_program((features,), n_blocks, data,
+                                              center=bool(self.center), seed=self.random_state_)
             else:
                 self.step_size_ = (
                     _auto_step("kpca", [sample], [features], bool(self.center))
@@ -369,30 +435,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         E, lam = rotate_pca(M)
         self._set_fitted(features, state["coef0"] @ E, mean @ E, lam)
         return self
-
-    def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
-        """lanes_ and batch_size_.  "auto" for block steps is Xie et al.'s
-        setting as before (4 lanes, 512 rows); for power steps one lane per
-        worker thread and a lane's rows as DSG's (2^27 feature evaluations,
-        ``default_batch``), at most an eighth of the rows so that an epoch
-        makes at least 8 power steps (but 16 rows a component)."""
-        lanes = 4 if self.lanes == "auto" and not power else self.lanes
-        self.lanes_ = engine.pin_lanes(data, lanes)
-        # power steps: at least 16 rows a component; fewer make the batch
-        # covariance lose rank or leave noise in the last components
-        floor = min(data.n_rows, 16 * int(self.n_components))
-        if self.batch_size != "auto":
-            self.batch_size_ = int(self.batch_size)
-            if power and self.batch_size_ < floor:
-                raise ValueError(
-                    f"batch_size={self.batch_size_} is below 16 rows a component for power "
-                    f"steps (n_components={self.n_components}): use batch_size >= {floor} "
-                    "or 'auto'")
-        elif power:
-            self.batch_size_ = max(floor, min(default_batch(self.lanes_, D, data.n_rows),
-                                              math.ceil(data.n_rows / 8)))
-        else:
-            self.batch_size_ = 512
 
     def _set_fitted(
         self, features: FeatureMap, coef: np.ndarray, mean: np.ndarray, lam: np.ndarray
@@ -429,9 +471,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             },
             {"features": self.features_.to_dict(), "step_size_": self.step_size_,
              "step_decay_": getattr(self, "step_decay_", None),
-             # the rest of what the fit depended on (absent from older models)
-             "steps": getattr(self, "steps", "block"), "lanes_": getattr(self, "lanes_", None),
-             "batch_size_": getattr(self, "batch_size_", None), **history_meta(self)},
+             **self._width_meta(), **history_meta(self)},
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -444,9 +484,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
-        if "steps" in meta:
-            self.steps = meta["steps"]
-            self.lanes_, self.batch_size_ = meta["lanes_"], meta["batch_size_"]
+        self._set_width_meta(meta)
         set_history(self, meta)
 
 
@@ -478,6 +516,7 @@ class _TwoViewBase(_ComponentsBase):
         width; named y as in scikit-learn's CCA).  X may be a store path whose
         array ``y`` holds the second view."""
         self._check_two()
+        power = self._method == "ksvd" and self._resolve_steps()
         if y is None and not isinstance(X, str) and not hasattr(X, "__fspath__"):
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None: it "
@@ -509,29 +548,37 @@ class _TwoViewBase(_ComponentsBase):
             )
             init, pre = self._start(data, client, (fx, fy), n_blocks)
             self.preconditioners_ = pre
-            if self.step_size != "auto":
-                self.step_size_ = float(self.step_size)
-            elif pre is not None:  # lambda_{q+1} is the top of the preconditioned spectrum
-                self.step_size_ = _STEP_SCALE[self._method] / max(p.new_top for p in pre)
+            engine = Engine(client, self._engine_options())
+            if self._method == "ksvd":
+                self._resolve_width(engine, data, n_blocks * B, power)
+            if power:
+                program = self._power_program((fx, fy), n_blocks, data,
+                                              center=bool(self.center), seed=self.random_state_)
             else:
-                self.step_size_ = _auto_step(self._method, [sx, sy], [fx, fy], bool(self.center))
-            self.step_decay_ = self._step_decay(whole_pool=pre is not None)
-            program = ComponentProgram(
-                self._method,
-                (fx, fy),
-                n_blocks,
-                int(self.n_components),
-                self.step_size_,
-                self.step_decay_,
-                alpha=float(getattr(self, "alpha", 0.0)),
-                batch_size=int(self.batch_size),
-                center=bool(self.center),
-                seed=self.random_state_,
-                label=self._method,
-                init=init,
-                preconditioners=pre,
-            )
-            state, total = self._run(data, client, program)
+                if self.step_size != "auto":
+                    self.step_size_ = float(self.step_size)
+                elif pre is not None:  # lambda_{q+1} is the top of the preconditioned spectrum
+                    self.step_size_ = _STEP_SCALE[self._method] / max(p.new_top for p in pre)
+                else:
+                    self.step_size_ = _auto_step(self._method, [sx, sy], [fx, fy],
+                                                 bool(self.center))
+                self.step_decay_ = self._step_decay(whole_pool=pre is not None)
+                program = ComponentProgram(
+                    self._method,
+                    (fx, fy),
+                    n_blocks,
+                    int(self.n_components),
+                    self.step_size_,
+                    self.step_decay_,
+                    alpha=float(getattr(self, "alpha", 0.0)),
+                    batch_size=int(getattr(self, "batch_size_", self.batch_size)),
+                    center=bool(self.center),
+                    seed=self.random_state_,
+                    label=self._method,
+                    init=init,
+                    preconditioners=pre,
+                )
+            state, total = self._run(data, client, program, engine)
         k = int(self.n_components)
         mean, M = centred_moments(total, bool(self.center))
         A, Bc = state["coef0"], state["coef1"]
@@ -613,7 +660,8 @@ class _TwoViewBase(_ComponentsBase):
                 "values": self._values(),
             },
             {"features": [f.to_dict() for f in self.features_], "step_size_": self.step_size_,
-             "step_decay_": getattr(self, "step_decay_", None), **history_meta(self)},
+             "step_decay_": getattr(self, "step_decay_", None),
+             **(self._width_meta() if self._method == "ksvd" else {}), **history_meta(self)},
         )
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -626,6 +674,7 @@ class _TwoViewBase(_ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
+        self._set_width_meta(meta)
         set_history(self, meta)
 
 
@@ -638,13 +687,16 @@ _DOC_VIEWS = """
 
 
 class KernelSVD(_TwoViewBase):
+    _lanes_auto = True
+
     __doc__ = f"""Kernel SVD of the cross-covariance operator E[k(x,.) (x) l(y,.)] by
-    doubly stochastic gradients (Xie et al. 2015, Alg. 3).
+    doubly stochastic gradients (Xie et al. 2015, Alg. 3), or by power steps
+    on the whole pool (two-sided subspace iteration; ``steps``).
 
     Parameters
     ----------
     n_components : int, default=4
-{_DOC_COMMON}{_DOC_VIEWS}
+{_DOC_POWER}{_DOC_VIEWS}{_DOC_STEPS.format(block_only="step_size, step_decay")}
     Attributes
     ----------
     x_components_, y_components_ : ndarray (n_features_, n_components)
@@ -654,6 +706,12 @@ class KernelSVD(_TwoViewBase):
         the data barely excite, so they are not RKHS-orthonormal (see
         :class:`KernelPCA`'s ``components_``).
     singular_values_ : ndarray (n_components,)
+    steps_ : str
+        "block" or "power", as ``steps`` resolved.
+    lanes_, batch_size_ : int
+        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
+    step_size_, step_decay_ : float or None
+        The block steps' theta_0 and theta_1; None for power steps.
     history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``covariance``,
         the sum of the singular values of the scores' cross-covariance on the
@@ -671,12 +729,13 @@ class KernelSVD(_TwoViewBase):
         bandwidth_y: float | str | None = None,
         n_features: int = 4096,
         block_size: int = 256,
-        batch_size: int = 512,
+        batch_size: int | str = "auto",
         n_epochs: int = 5,
         step_size: float | str = "auto",
         step_decay: float | str = "auto",
         center: bool = True,
-        lanes: int = 4,
+        steps: str = "auto",
+        lanes: int | str = "auto",
         random_state: int = 0,
         client: Any = None,
         verbose: bool = False,
@@ -696,6 +755,7 @@ class KernelSVD(_TwoViewBase):
         self.step_size = step_size
         self.step_decay = step_decay
         self.center = center
+        self.steps = steps
         self.lanes = lanes
         self.random_state = random_state
         self.client = client
@@ -709,9 +769,11 @@ class KernelSVD(_TwoViewBase):
     ) -> tuple[np.ndarray, np.ndarray]:
         # Xie's KSVD is Oja's rule for [[0, C_yx], [C_xy, 0]]: at its fixed point the
         # stacked [U; V] is orthonormal, so each view has U^T U = V^T V = I / 2 (the
-        # pool Gram is not used as the metric: see rotate_pca)
+        # pool Gram is not used as the metric: see rotate_pca); a power step leaves
+        # each view orthonormal on its own
         k = A.shape[1]
-        return np.eye(k) / 2, np.eye(k) / 2
+        scale = 1.0 if getattr(self, "steps_", "block") == "power" else 0.5
+        return scale * np.eye(k), scale * np.eye(k)
 
     def _set_values(self, sv: np.ndarray) -> None:
         self.singular_values_ = sv

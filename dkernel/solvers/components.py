@@ -38,28 +38,40 @@ exactly: \phi -> \phi - \mu, H -> H - \mu^T A.
 Components are ordered afterwards by a k x k Rayleigh-Ritz step on one pass
 of moments (:func:`rotate_pca`, :func:`rotate_pair`).
 
-Power steps for KPCA (ours; ``PowerPCAProgram``).  A block step moves one
-block of B features on a few hundred rows, so its fixed cost dominates on a
-cluster (2.2% of the compute ceiling, docs/scaling.md).  On a wide batch
-(tens of thousands of rows a lane) the batch covariance C_b of the features
-z = \phi / \sqrt D is nearly the population's, and the step that uses it
-best is a power step on the whole pool -- the noisy power method (Hardt &
-Price 2014) on C, written in the coefficients A (\tilde A = \sqrt D A):
+Power steps for KPCA and KSVD (ours; ``PowerProgram``).  A block step moves
+one block of B features on a few hundred rows, so its fixed cost dominates
+on a cluster (2.2% of the compute ceiling, docs/scaling.md).  On a wide
+batch (tens of thousands of rows a lane) the batch covariance C_b of the
+features z = \phi / \sqrt D is nearly the population's, and the step that
+uses it best is a power step on the whole pool -- the noisy power method
+(Hardt & Price 2014) on C, written in the coefficients A (\tilde A = \sqrt D A):
 
     A <- C_b A = mean_b (\phi(x_b) - \mu) (h_b - \bar h)^T / D,
     A <- A R^{-1},  R^T R = D A^T A           (orthonormal in the pool metric)
 
+KSVD's step is the same on the cross-covariance (two-sided subspace
+iteration; Golub & Van Loan 8.6 for the SVD of C_xy), both views from the
+old pair:
+
+    A <- C_xy B = mean_b (\phi(x_b) - \mu_x) (v_b - \bar v)^T / D,
+    B <- C_yx A = mean_b (\psi(y_b) - \mu_y) (u_b - \bar u)^T / D,
+
+each view then orthonormal in its pool metric, so two steps apply C_xy C_yx
+to span(A): the singular subspaces at \sigma_{k+1} / \sigma_k a step.
+
 A step on m rows shorter than a full one (a chunk's last rows, a small
 last chunk) is a power step on the blend w C_b + (1 - w) C_prev with
 w = m / batch_size, C_prev A = A M_bar the earlier steps' Rayleigh matrix
-in the pool metric: the last step of a fit sets the subspace, and a 2-row
+in the pool metric (KSVD: C_prev B = A M_bar, C_prev^T A = B M_bar^T with
+M_bar = mean u v^T): the last step of a fit sets the subspace, and a 2-row
 one would otherwise replace it with noise.
 
 It converges at \lambda_{k+1} / \lambda_k a step where Oja's rule at
 \eta = 1 / \lambda_1 (the block steps over a pool cycle) converges at
 (1 + \eta \lambda_{k+1}) / (1 + \eta \lambda_k), and it has no step size.
 The workers' sums are the block steps' (the same centring), computed in one
-fused forward/backward pass over row tiles (:mod:`dkernel.solvers.fused`).
+fused forward/backward pass over row tiles (:mod:`dkernel.solvers.fused`),
+both views' tiles side by side for KSVD.
 
 Preconditioned KCCA (ours; EigenPro's idea, Ma & Belkin 2017, applied to
 Alg. 4).  Alg. 4 moves along the i-th eigenfunction of C_XX at a rate
@@ -97,7 +109,7 @@ from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.dsg import block_rows, chunk_decision
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
-from dkernel.solvers.fused import pool_gradient
+from dkernel.solvers.fused import feature_tiles, pool_gradient, tile_rows
 
 METHODS = ("kpca", "ksvd", "kcca")
 
@@ -170,30 +182,40 @@ def components_partial(payload: dict, chunk: Chunk) -> dict:
 
 
 def power_partial(payload: dict, chunk: Chunk) -> dict:
-    """Worker side of a KPCA power step: ``components_partial``'s sums over the
-    whole pool (H, H^T H, Phi^T H, Phi^T 1), in one fused pass over row tiles,
-    so a task holds a few MB whatever its rows."""
-    view = payload["views"][0]
-    features: FeatureMap = view["features"]
-    coef = view["coef"]
-    D, k = coef.shape
-    # a zero column turns the pass's Phi^T l' into Phi^T [H, 1]: the feature sums too
-    wide = np.zeros((D, k + 1), dtype=np.dtype(features.dtype))
-    wide[:, :k] = coef
-    wide = asarray_like(wide, chunk.X)
-    acc: dict[str, Any] = {"H": np.zeros(k), "HH": np.zeros((k, k))}
-
-    def scores(f: Any, tile: slice) -> tuple[float, Any]:
-        H = f[:, :k]
-        acc["H"] += to_numpy(H.sum(axis=0)).astype(np.float64)
-        acc["HH"] += to_numpy(H.T @ H).astype(np.float64)
-        f[:, k] = 1
-        return 0.0, f
-
-    g, _ = pool_gradient(features, chunk, view["n_eval"], wide, scores, payload.get("cache", True))
+    """Worker side of a power step (KPCA, KSVD): ``components_partial``'s sums
+    over the whole pool of every view (H, H^T H, Phi_s^T H, Phi_s^T 1, with H
+    all views' scores), in one fused pass over row tiles: a tile's features
+    of each view are generated (or taken from the worker cache) once, for the
+    forward products and then the backward ones, so a task holds a few MB
+    whatever its rows."""
+    views = payload["views"]
+    chunks = [_view_chunk(chunk, s) for s in range(len(views))]
+    dt = np.dtype(views[0]["features"].dtype)
+    coefs = [asarray_like(v["coef"], c.X).astype(dt, copy=False) for v, c in zip(views, chunks)]
+    xp = namespace(coefs[0])
+    k = sum(c.shape[1] for c in coefs)
+    use_cache = payload.get("cache", True)
+    rows = tile_rows(sum(c.shape[0] for c in coefs), dt.itemsize, blockwise=use_cache)
+    streams = [feature_tiles(v["features"], c, v["n_eval"], rows, use_cache, slot=s)
+               for s, (v, c) in enumerate(zip(views, chunks))]
+    H_sum, HH = np.zeros(k), np.zeros((k, k))
+    G = [np.zeros((c.shape[0], k + 1)) for c in coefs]
+    for tiles in zip(*streams):
+        # every stream tiles the same rows the same way (same row count and tile size)
+        H = xp.concatenate([sum(f * (Z @ coef[cols]) for cols, Z, f in pieces)
+                            for (_, pieces), coef in zip(tiles, coefs)], axis=1)
+        H_sum += to_numpy(H.sum(axis=0)).astype(np.float64)
+        HH += to_numpy(H.T @ H).astype(np.float64)
+        L = xp.concatenate([H, xp.ones((H.shape[0], 1), dtype=dt)], axis=1)
+        for g, (_, pieces) in zip(G, tiles):
+            for cols, Z, f in pieces:
+                g[cols] += f * to_numpy(Z.T @ L)
     m = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
-    return {"H": acc["H"], "HH": acc["HH"], "count": int(m),
-            "phi_sum0": g[:, k].copy(), "phiH0": g[:, :k].astype(np.float32)}
+    out = {"H": H_sum, "HH": HH, "count": int(m)}
+    for s, g in enumerate(G):
+        out[f"phi_sum{s}"] = g[:, k].copy()
+        out[f"phiH{s}"] = g[:, :k].astype(np.float32)
+    return out
 
 
 @dataclass
@@ -266,7 +288,7 @@ class ComponentProgram(StepProgram):
             state["recorded"] = np.zeros((len(self._record), D, k))
         return state
 
-    #: Whole-pool power steps (KPCA, :class:`PowerPCAProgram`).
+    #: Whole-pool power steps (KPCA, KSVD: :class:`PowerProgram`).
     power = False
 
     def _active(self, step: int) -> tuple[int, int, int]:
@@ -317,28 +339,8 @@ class ComponentProgram(StepProgram):
         self._epoch["rows"] = self._epoch.get("rows", 0.0) + m
         eta = self.step_size / (1.0 + self.step_decay * step)
         A = state["coef0"]
-        if self.power:  # module docstring: A <- C_b A, orthonormal in the pool metric
-            A_new = G[0] / A.shape[0]
-            full = self.batch_size
-            if full and m < full:
-                # a short step (a chunk's last rows, a small last chunk): power on
-                # the blend of the previous steps' covariance on span(A), A M_bar
-                # in the pool metric, and this batch's, weighted by rows -- a
-                # 2-row step must not set the subspace
-                w = m / full
-                M_bar = state["power_M"] if np.any(state["power_M"]) else M
-                A_new = (1.0 - w) * (A @ M_bar) + w * A_new
-                state["power_M"] = (1.0 - w) * M_bar + w * M
-            else:
-                state["power_M"] = M
-            try:
-                R = cholesky(A.shape[0] * (A_new.T @ A_new))
-            except np.linalg.LinAlgError:
-                raise FloatingPointError(
-                    f"kpca power step {step} lost rank on {int(m)} rows: the batch's covariance "
-                    f"has fewer than n_components={k} directions in the pool; use fewer "
-                    "components or a larger batch_size") from None
-            A[:] = solve_triangular(R, A_new.T, trans="T").T
+        if self.power:  # module docstring
+            self._power_step(state, G, M, m, step)
         elif self.method == "kpca":  # Xie eq. (10) / App. A; GHA: eq. (16)
             A -= eta * (A @ (np.triu(M) if self.gha else M))
             A[blk] += (eta / B) * G[0]
@@ -363,11 +365,11 @@ class ComponentProgram(StepProgram):
                     Bc -= (eta * self.alpha) * (Bc @ W)
                 A[blk] += (eta / B) * (G[0][:, k:] - G[0][:, :k] @ W)
                 Bc[blk] += (eta / B) * (G[1][:, :k] - G[1][:, k:] @ W)
-        if not np.all(np.isfinite(A)):
+        if not all(np.all(np.isfinite(state[f"coef{s}"])) for s in range(len(self.features))):
             if self.power:
                 raise FloatingPointError(
-                    f"kpca power step {step} gave non-finite coefficients on {int(m)} rows; "
-                    "check X for huge values or use a larger bandwidth")
+                    f"{self.method} power step {step} gave non-finite coefficients on {int(m)} "
+                    "rows; check the data for huge values or use a larger bandwidth")
             raise FloatingPointError(
                 f"{self.method} diverged at step {step} (step size eta={eta:.3g}); "
                 "use a smaller step_size"
@@ -375,6 +377,41 @@ class ComponentProgram(StepProgram):
         if step + 1 in self._record:
             state["recorded"][self._record[step + 1]] = A
         return state
+
+    def _power_step(self, state: dict[str, Any], G: list, M: np.ndarray, m: float,
+                    step: int) -> None:
+        """KPCA A <- C_b A; KSVD A <- C_xy B, B <- C_yx A (both from the old
+        pair); each view then orthonormal in the pool metric.  C_b X is the
+        step's G over D; a short step blends in the earlier steps' operator on
+        span(A) (and span(B)) through its Rayleigh matrix (module docstring)."""
+        k = self.n_components
+        coefs = [state[f"coef{s}"] for s in range(len(self.features))]
+        D = coefs[0].shape[0]
+        if self.method == "kpca":
+            new, ray = [G[0] / D], M  # ray = D A^T C A, the scores' covariance
+        else:
+            new, ray = [G[0][:, k:] / D, G[1][:, :k] / D], M[:k, k:]  # D A^T C_xy B
+        full = self.batch_size
+        if full and m < full:
+            # a short step (a chunk's last rows, a small last chunk): power on the
+            # row-weighted blend with the previous steps' operator -- a 2-row
+            # step must not set the subspace
+            w = m / full
+            prev = state["power_M"] if np.any(state["power_M"]) else ray
+            earlier = [coefs[0] @ prev] if len(coefs) == 1 else [coefs[0] @ prev, coefs[1] @ prev.T]
+            new = [(1.0 - w) * e + w * n for e, n in zip(earlier, new)]
+            state["power_M"] = (1.0 - w) * prev + w * ray
+        else:
+            state["power_M"] = ray
+        for A, A_new in zip(coefs, new):
+            try:
+                R = cholesky(D * (A_new.T @ A_new))
+            except np.linalg.LinAlgError:
+                raise FloatingPointError(
+                    f"{self.method} power step {step} lost rank on {int(m)} rows: the batch's "
+                    f"covariance has fewer than n_components={k} directions in the pool; use "
+                    "fewer components or a larger batch_size") from None
+            A[:] = solve_triangular(R, A_new.T, trans="T").T
 
     def metrics(self, total: dict[str, Any]) -> dict[str, float]:
         m = float(total["count"])
@@ -422,8 +459,8 @@ class ComponentProgram(StepProgram):
 
 
 @dataclass
-class PowerPCAProgram(ComponentProgram):
-    """KPCA by whole-pool power steps (module docstring), for wide batches."""
+class PowerProgram(ComponentProgram):
+    """KPCA and KSVD by whole-pool power steps (module docstring), for wide batches."""
 
     #: Keep the chunks' feature blocks in the worker cache (more than one epoch).
     cache_blocks: bool = True
@@ -433,8 +470,8 @@ class PowerPCAProgram(ComponentProgram):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.method != "kpca" or self.preconditioners is not None or self.gha:
-            raise ValueError("power steps are for kpca, without preconditioners or GHA")
+        if self.method not in ("kpca", "ksvd") or self.preconditioners is not None or self.gha:
+            raise ValueError("power steps are for kpca and ksvd, without preconditioners or GHA")
 
     def init_state(self) -> dict[str, Any]:
         # the Rayleigh matrix of the steps so far (a short step's blend)

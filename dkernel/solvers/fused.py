@@ -45,19 +45,25 @@ _scratch = threading.local()
 Derivative = Callable[[Any, slice], tuple[float, Any]]
 
 
-def tile_rows(n_features: int, itemsize: int = 4) -> int:
-    """Rows per tile for a pool of ``n_features`` features."""
-    return max(_MIN_TILE_ROWS, _TILE_BYTES // (itemsize * int(n_features)))
+def tile_rows(n_features: int, itemsize: int = 4, blockwise: bool = False) -> int:
+    """Rows per tile for a pool of ``n_features`` features; ``blockwise``
+    (products block by block, as from the worker cache): at least
+    ``_MIN_BLOCK_TILE`` rows, which keeps the Python calls per row small."""
+    rows = max(_MIN_TILE_ROWS, _TILE_BYTES // (itemsize * int(n_features)))
+    return max(_MIN_BLOCK_TILE, rows) if blockwise else rows
 
 
-def _buffer(xp: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    """A per-thread scratch buffer reused across tasks (fresh pages are slow, DESIGN 4)."""
+def _buffer(xp: Any, shape: tuple[int, ...], dtype: np.dtype, slot: int = 0) -> Any:
+    """A per-thread scratch buffer reused across tasks (fresh pages are slow,
+    DESIGN 4); passes that hold several tile streams at once (one per view)
+    take one ``slot`` each."""
     size = int(np.prod(shape))
-    buf = getattr(_scratch, "buf", None)
+    name = f"buf{int(slot)}"
+    buf = getattr(_scratch, name, None)
     if xp is not np or buf is None or buf.size < size or buf.dtype != dtype:
         buf = xp.empty(size, dtype=dtype)
         if xp is np:
-            _scratch.buf = buf
+            setattr(_scratch, name, buf)
     return buf[:size].reshape(shape)
 
 
@@ -102,10 +108,8 @@ def _cached(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
     D = n_blocks * features.block_size
     grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
     loss = 0.0
-    # block-by-block work: tiles at least _MIN_BLOCK_TILE rows keep the Python
-    # calls per row small
     for tile, pieces in feature_tiles(features, chunk, n_blocks,
-                                      max(_MIN_BLOCK_TILE, tile_rows(D, dt.itemsize))):
+                                      tile_rows(D, dt.itemsize, blockwise=True)):
         f = xp.zeros((tile.stop - tile.start, coef.shape[1]), dtype=dt)
         for cols, Zj, _ in pieces:
             f += Zj @ coef[cols]
@@ -123,13 +127,15 @@ Pieces = list[tuple[slice, Any, float]]
 
 
 def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
-                  use_cache: bool = True) -> Iterator[tuple[slice, Pieces]]:
+                  use_cache: bool = True, slot: int = 0) -> Iterator[tuple[slice, Pieces]]:
     """The task's rows in tiles of ``rows``, each with its D unscaled features,
     for passes whose coefficients change between tiles (the local steps of
     :mod:`dkernel.solvers.pool`); :func:`pool_gradient` is the same pass with
     one coefficient vector.  Yields ``(tile, pieces)``: ``tile`` a slice of the
     task's rows, ``pieces`` as :data:`Pieces`, valid until the next tile
-    (the buffers are reused).  Without ``use_cache`` one product with the
+    (the buffers are reused; streams consumed side by side, such as the two
+    views of :func:`dkernel.solvers.components.power_partial`, each need
+    their own ``slot``).  Without ``use_cache`` one product with the
     stacked weights per tile; with it, blocks from (or into) the worker cache,
     generated for the tile's rows where the cache does not hold them."""
     dt = np.dtype(features.dtype)
@@ -141,7 +147,7 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
     D = n_blocks * B
     if not use_cache:
         W, b = (asarray_like(a, chunk.X) for a in features.stacked(n_blocks))
-        Z = _buffer(xp, (T, D), dt)
+        Z = _buffer(xp, (T, D), dt, slot)
         for a in range(0, m, T):
             tile = slice(a, min(m, a + T))
             Zt = Z[: tile.stop - a]
@@ -155,7 +161,7 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
     full = [cache.lookup_or_fill((chunk.key, features, j),
                                  lambda j=j: features.block(chunk.X, j), nbytes, owner=chunk.run)
             for j in range(n_blocks)]
-    Z = _buffer(xp, (n_blocks, T, B), dt)
+    Z = _buffer(xp, (n_blocks, T, B), dt, slot)
     for a in range(0, m, T):
         tile = slice(a, min(m, a + T))
         t = tile.stop - a
