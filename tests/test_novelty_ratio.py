@@ -246,3 +246,21 @@ def test_pool_estimators_refuse_a_bad_local_steps():
         DSGOneClassSVM(local_steps=0).fit(np.zeros((5, 2)))
     with pytest.raises(ValueError, match="lanes"):
         DSGDensityRatio(lanes="many").fit(np.zeros((5, 2)), np.zeros((5, 2)))
+
+
+def test_a_slow_epoch_report_names_the_knob_of_its_solver(client, caplog):
+    """When the lanes sit idle most of an epoch the engine's report says what
+    helps, in the solver's own terms: rounds of local steps are made wider by
+    local_steps, Xie's block steps by power steps."""
+    from dkernel import KernelSVD
+
+    X = np.random.default_rng(0).standard_normal((2000, 2)).astype(np.float32)
+    with caplog.at_level("INFO", logger="dkernel.engine"):
+        DSGOneClassSVM(n_features=256, n_epochs=1, local_steps=1, client=client).fit(X)
+        KernelSVD(2, n_features=256, n_epochs=1, steps="block", client=client).fit(X, X[:, ::-1])
+    lines = [r.getMessage() for r in caplog.records if " epoch 1: " in r.getMessage()]
+    one_class = next(x for x in lines if x.startswith("one-class"))
+    ksvd = next(x for x in lines if x.startswith("ksvd"))
+    # tiny steps: busy well under half of each epoch (measured 1-5%)
+    assert "(more local steps a round (a larger local_steps" in one_class, one_class
+    assert "(power steps (steps='power'" in ksvd, ksvd

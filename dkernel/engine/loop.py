@@ -451,7 +451,8 @@ class Engine:
                 "seconds": time.perf_counter() - seen["t0"]}
             entry.update(_time_budget(seen, entry["seconds"], plan.lanes))
             self.history.append(entry)
-            _report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"])
+            _report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"],
+                          program.slow_hint())
             if on_epoch is not None:
                 on_epoch(state, epoch)
             if program.should_stop(state, epoch):
@@ -625,9 +626,11 @@ def _time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
 
 
 def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool,
-                  slowest: dict[str, int] | None = None) -> None:
-    """Say why an epoch was slow: logged at INFO always, printed when verbose.
-    ``slowest``: worker -> steps in which its lane computed longest."""
+                  slowest: dict[str, int] | None = None, hint: str = "") -> None:
+    """Say why an epoch was slow: logged at INFO always, printed when verbose
+    and the epoch was long.  ``slowest``: worker -> steps in which its lane
+    computed longest; ``hint``: what helps (:meth:`StepProgram.slow_hint`),
+    added when the lanes were busy less than half the epoch."""
     idle = entry["seconds"] - entry["compute_seconds"] / lanes
     rate = entry["rows"] / max(entry["seconds"], 1e-9)
     straggler = ""
@@ -641,10 +644,11 @@ def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool,
             f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
             f"{entry['update_seconds']:.1f} s{straggler}, the rest went to chunk reads and "
             "scheduling")
+    if hint and entry["busy"] < 0.5:
+        text += f" ({hint} would help)"
     _log.info(text)
     if verbose and entry["busy"] < 0.8 and entry["seconds"] > 5:
-        print(text + (" (fewer, wider steps -- a larger batch_size -- or chunks on faster "
-                      "storage help)" if entry["busy"] < 0.5 else ""), file=sys.stderr, flush=True)
+        print(text, file=sys.stderr, flush=True)
 
 
 _log = logging.getLogger("dkernel.engine")

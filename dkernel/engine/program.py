@@ -93,6 +93,11 @@ class StepProgram:
         """What the user should change when the fit diverges (one clause)."""
         return "use a smaller step_size or a larger bandwidth"
 
+    def slow_hint(self) -> str:
+        """What helps when the lanes sit idle most of an epoch (one clause):
+        the engine adds it to the epoch's report."""
+        return "fewer, wider steps (a larger batch_size) or chunks on faster storage"
+
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         """Called after each epoch; True ends the fit early (e.g. early stopping)."""
         return bool(self.stop)

@@ -413,6 +413,11 @@ class ComponentProgram(StepProgram):
                     "fewer components or a larger batch_size") from None
             A[:] = solve_triangular(R, A_new.T, trans="T").T
 
+    def slow_hint(self) -> str:
+        if self.method in ("kpca", "ksvd") and not self.power:
+            return "power steps (steps='power', or 'auto' without a step_size)"
+        return super().slow_hint()
+
     def metrics(self, total: dict[str, Any]) -> dict[str, float]:
         m = float(total["count"])
         return {"trace": float(np.trace(total["HH"]) / m)}

@@ -136,6 +136,10 @@ class PoolProgram(StepProgram):
     def n_features(self) -> int:
         return self.n_blocks * self.features.block_size
 
+    def slow_hint(self) -> str:
+        return ("more local steps a round (a larger local_steps: fewer rounds an epoch) or "
+                "chunks on faster storage")
+
     def init_state(self) -> dict[str, Any]:
         D = self.n_features
         return {"w": np.zeros(D), "w_avg": np.zeros(D), "offset": 0.0, "offset_avg": 0.0,
