@@ -263,4 +263,4 @@ def test_a_slow_epoch_report_names_the_knob_of_its_solver(client, caplog):
     ksvd = next(x for x in lines if x.startswith("ksvd"))
     # tiny steps: busy well under half of each epoch (measured 1-5%)
     assert "(more local steps a round (a larger local_steps" in one_class, one_class
-    assert "(power steps (steps='power'" in ksvd, ksvd
+    assert "(power steps (steps='auto' with step_size, step_decay at their defaults)" in ksvd, ksvd

@@ -91,8 +91,9 @@ _DOC_POWER = _DOC_COMMON.replace(
 """,
     """    batch_size : int or "auto", default="auto"
         Rows per step, spread over ``lanes`` chunks.  "auto": 512 for block
-        steps; for power steps ``lanes`` x the rows whose D features are 2^27
-        feature evaluations (32768 at D = 4096), at most n / 8 (8 steps an
+        steps; for power steps ``lanes`` x the rows whose features (D, both
+        views' 2 D for KernelSVD) are 2^27 feature evaluations (32768 at
+        D = 4096 for one view), at most n / 8 (8 steps an
         epoch) unless that is under 16 rows a component, the least power
         steps accept.  A lane takes at most its chunk's rows a step, so
         chunks shorter than ``batch_size / lanes`` make shorter steps; a
@@ -202,8 +203,8 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
     #: Settings only block steps have, and their defaults (power steps have no step size).
     _block_only: tuple[tuple[str, Any], ...] = (("step_size", "auto"), ("step_decay", "auto"))
 
-    def _resolve_steps(self) -> bool:
-        """``steps_`` (module docs of the estimators); True for power steps."""
+    def _resolve_steps(self) -> str:
+        """``steps`` resolved: "power" or "block" (the estimators' docstrings)."""
         if self.steps not in ("auto", "block", "power"):
             raise ValueError(f"steps must be 'auto', 'block' or 'power', got {self.steps!r}")
         given = [(name, getattr(self, name)) for name, default in self._block_only
@@ -213,16 +214,16 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             raise ValueError(f"{name}={value!r} applies to block steps; power steps "
                              f"(steps='power') have none: leave {name} at its default "
                              "or use steps='block'")
-        self.steps_ = "power" if self.steps == "power" or (self.steps == "auto" and not given) \
+        return "power" if self.steps == "power" or (self.steps == "auto" and not given) \
             else "block"
-        return self.steps_ == "power"
 
     def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
         """lanes_ and batch_size_.  "auto" for block steps is Xie et al.'s
         setting as before (4 lanes, 512 rows); for power steps one lane per
-        worker thread and a lane's rows as DSG's (2^27 feature evaluations,
-        ``default_batch``), at most an eighth of the rows so that an epoch
-        makes at least 8 power steps (but 16 rows a component)."""
+        worker thread and a lane's rows as DSG's (2^27 evaluations of the
+        ``D`` features a row costs, ``default_batch``), at most an eighth of
+        the rows so that an epoch makes at least 8 power steps (but 16 rows a
+        component)."""
         lanes = 4 if self.lanes == "auto" and not power else self.lanes
         self.lanes_ = engine.pin_lanes(data, lanes)
         # power steps: at least 16 rows a component; fewer make the batch
@@ -259,8 +260,10 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
 
     def _set_width_meta(self, meta: dict) -> None:
         if "steps" in meta:
-            self.steps = self.steps_ = meta["steps"]
+            self.steps_ = meta["steps"]
             self.lanes_, self.batch_size_ = meta["lanes_"], meta["batch_size_"]
+        else:  # saved before power steps were the default: block steps, and a refit takes them
+            self.steps = self.steps_ = "block"
 
     def _step_decay(self, whole_pool: bool) -> float:
         """theta_1: the given one, or _STEP_DECAY of the kind of step."""
@@ -404,8 +407,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         self._check_base()
         if self.ordering not in ("rotate", "gha"):
             raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
-        power = self._resolve_steps()
+        steps = self._resolve_steps()
         X, _, _ = validate_fit_input(self, X, target="none")
+        self.steps_ = steps
+        power = steps == "power"
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
         data.y = None
@@ -516,7 +521,7 @@ class _TwoViewBase(_ComponentsBase):
         width; named y as in scikit-learn's CCA).  X may be a store path whose
         array ``y`` holds the second view."""
         self._check_two()
-        power = self._method == "ksvd" and self._resolve_steps()
+        steps = self._resolve_steps() if self._method == "ksvd" else None
         if y is None and not isinstance(X, str) and not hasattr(X, "__fspath__"):
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None: it "
@@ -524,6 +529,9 @@ class _TwoViewBase(_ComponentsBase):
                 "array 'y' holds the second view"
             )
         X, y, _ = validate_fit_input(self, X, y, target="view")
+        if steps is not None:
+            self.steps_ = steps
+        power = steps == "power"
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X, y, require_y=True)
         if data.y.ndim == 1:
@@ -549,8 +557,8 @@ class _TwoViewBase(_ComponentsBase):
             init, pre = self._start(data, client, (fx, fy), n_blocks)
             self.preconditioners_ = pre
             engine = Engine(client, self._engine_options())
-            if self._method == "ksvd":
-                self._resolve_width(engine, data, n_blocks * B, power)
+            if self._method == "ksvd":  # a row costs both views' features
+                self._resolve_width(engine, data, 2 * n_blocks * B, power)
             if power:
                 program = self._power_program((fx, fy), n_blocks, data,
                                               center=bool(self.center), seed=self.random_state_)
@@ -715,7 +723,8 @@ class KernelSVD(_TwoViewBase):
     history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``covariance``,
         the sum of the singular values of the scores' cross-covariance on the
-        epoch's mini-batches.
+        epoch's mini-batches (block steps keep [U; V] jointly orthonormal,
+        power steps each view: the block steps' figure is about half).
     """
     _method = "ksvd"
 

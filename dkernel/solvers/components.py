@@ -63,8 +63,8 @@ A step on m rows shorter than a full one (a chunk's last rows, a small
 last chunk) is a power step on the blend w C_b + (1 - w) C_prev with
 w = m / batch_size, C_prev A = A M_bar the earlier steps' Rayleigh matrix
 in the pool metric (KSVD: C_prev B = A M_bar, C_prev^T A = B M_bar^T with
-M_bar = mean u v^T): the last step of a fit sets the subspace, and a 2-row
-one would otherwise replace it with noise.
+M_bar = mean u v^T), carried into each step's new bases: the last step of a
+fit sets the subspace, and a 2-row one would otherwise replace it with noise.
 
 It converges at \lambda_{k+1} / \lambda_k a step where Oja's rule at
 \eta = 1 / \lambda_1 (the block steps over a pool cycle) converges at
@@ -200,7 +200,7 @@ def power_partial(payload: dict, chunk: Chunk) -> dict:
                for s, (v, c) in enumerate(zip(views, chunks))]
     H_sum, HH = np.zeros(k), np.zeros((k, k))
     G = [np.zeros((c.shape[0], k + 1)) for c in coefs]
-    for tiles in zip(*streams):
+    for tiles in zip(*streams, strict=True):
         # every stream tiles the same rows the same way (same row count and tile size)
         H = xp.concatenate([sum(f * (Z @ coef[cols]) for cols, Z, f in pieces)
                             for (_, pieces), coef in zip(tiles, coefs)], axis=1)
@@ -403,6 +403,7 @@ class ComponentProgram(StepProgram):
             state["power_M"] = (1.0 - w) * prev + w * ray
         else:
             state["power_M"] = ray
+        olds = [A.copy() for A in coefs]
         for A, A_new in zip(coefs, new):
             try:
                 R = cholesky(D * (A_new.T @ A_new))
@@ -412,10 +413,17 @@ class ComponentProgram(StepProgram):
                     f"covariance has fewer than n_components={k} directions in the pool; use "
                     "fewer components or a larger batch_size") from None
             A[:] = solve_triangular(R, A_new.T, trans="T").T
+        # the Rayleigh matrix in the new bases, which the next short step multiplies:
+        # new = old T on a converged span, T = D old^T new.  Left in the old ones, a
+        # KSVD blend (M_xy not symmetric, the bases still turning inside the span when
+        # singular values are close) could cancel a direction and fill it with noise
+        T = [D * (o.T @ A) for o, A in zip(olds, coefs)]
+        state["power_M"] = T[0].T @ state["power_M"] @ T[-1]
 
     def slow_hint(self) -> str:
         if self.method in ("kpca", "ksvd") and not self.power:
-            return "power steps (steps='power', or 'auto' without a step_size)"
+            return ("power steps (steps='auto' with step_size, step_decay"
+                    + (", ordering" if self.method == "kpca" else "") + " at their defaults)")
         return super().slow_hint()
 
     def metrics(self, total: dict[str, Any]) -> dict[str, float]:
