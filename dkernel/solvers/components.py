@@ -145,7 +145,12 @@ ALL_BLOCKS = -1
 
 def components_partial(payload: dict, chunk: Chunk) -> dict:
     """Worker side of one step: the values H of every view on the rows and the
-    uncentred sums the coordinator needs (see module docstring)."""
+    uncentred sums the coordinator needs (see module docstring).  A
+    whole-pool step (KernelCCA's preconditioned ones) takes the fused pass of
+    :func:`power_partial`, the same sums in a few MB of tiles: built here,
+    its rows x D features per view would cap the rows of a step."""
+    if payload["views"][0]["block"] == ALL_BLOCKS:
+        return power_partial(payload, chunk)
     values, phis, sums = [], [], []
     for s, view in enumerate(payload["views"]):
         features: FeatureMap = view["features"]
@@ -155,29 +160,26 @@ def components_partial(payload: dict, chunk: Chunk) -> dict:
         coef = asarray_like(view["coef"], rows)
         B = features.block_size
         H = xp.zeros((rows.shape[0], coef.shape[1]), dtype=np.dtype(features.dtype))
-        phi_sum, updated = [], []
+        phi_sum, updated = [], None
         for j in range(view["n_eval"]):
             phi = block_rows(features, vchunk, j)
             if j * B < coef.shape[0]:
                 H += phi @ coef[j * B : (j + 1) * B]
             phi_sum.append(phi.sum(axis=0))
-            if view["block"] in (j, ALL_BLOCKS):
-                updated.append(phi)
+            if view["block"] == j:
+                updated = phi
         values.append(H)
         sums.append(xp.concatenate(phi_sum))
-        phis.append(updated[0] if len(updated) == 1 else xp.concatenate(updated, axis=1))
+        phis.append(updated)
     Hc = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
     out = {
         "H": Hc.sum(axis=0).astype(np.float64),
         "HH": (Hc.T @ Hc).astype(np.float64),
         "count": int(Hc.shape[0]),
     }
-    # a whole-pool step sends D x 2k per view and task: float32 halves the
-    # traffic; these are gradient terms, not the moments that fix the metric
-    dt = np.float32 if payload["views"][0]["block"] == ALL_BLOCKS else np.float64
     for s in range(len(values)):
         out[f"phi_sum{s}"] = sums[s].astype(np.float64)
-        out[f"phiH{s}"] = to_numpy(phis[s].T @ Hc).astype(dt)
+        out[f"phiH{s}"] = to_numpy(phis[s].T @ Hc).astype(np.float64)
     return out
 
 
@@ -214,6 +216,8 @@ def power_partial(payload: dict, chunk: Chunk) -> dict:
     out = {"H": H_sum, "HH": HH, "count": int(m)}
     for s, g in enumerate(G):
         out[f"phi_sum{s}"] = g[:, k].copy()
+        # D x k per view and task: float32 halves the traffic; these are gradient
+        # terms, not the moments that fix the metric
         out[f"phiH{s}"] = g[:, :k].astype(np.float32)
     return out
 
