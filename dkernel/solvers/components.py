@@ -71,7 +71,8 @@ It converges at \lambda_{k+1} / \lambda_k a step where Oja's rule at
 (1 + \eta \lambda_{k+1}) / (1 + \eta \lambda_k), and it has no step size.
 The workers' sums are the block steps' (the same centring), computed in one
 fused forward/backward pass over row tiles (:mod:`dkernel.solvers.fused`),
-both views' tiles side by side for KSVD.
+both views' tiles side by side for KSVD (and for KCCA's preconditioned
+whole-pool steps below, which need the same sums).
 
 Preconditioned KCCA (ours; EigenPro's idea, Ma & Belkin 2017, applied to
 Alg. 4).  Alg. 4 moves along the i-th eigenfunction of C_XX at a rate
