@@ -117,6 +117,14 @@ _DOC_POWER = _DOC_COMMON.replace(
     """    step_decay : float or "auto", default="auto"
         Block steps only.  theta_1""")
 
+_DOC_POWER_ATTRIBUTES = """    steps_ : str
+        "block" or "power", as ``steps`` resolved.
+    lanes_, batch_size_ : int
+        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
+    step_size_, step_decay_ : float or None
+        The block steps' theta_0 and theta_1; None for power steps.
+"""
+
 _DOC_STEPS = """    steps : {{"auto", "block", "power"}}, default="auto"
         "block": Xie et al.'s algorithm, one block of ``block_size`` features
         per step on ``batch_size`` rows.  "power": every step is a power step
@@ -335,13 +343,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         was 7.4 and 3.3, not 1, for two components of 2048 features).
     explained_variance_ : ndarray (n_components,)
         Variance of each score, the eigenvalue estimates of the covariance operator.
-    steps_ : str
-        "block" or "power", as ``steps`` resolved.
-    lanes_, batch_size_ : int
-        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
-    step_size_, step_decay_ : float or None
-        The block steps' theta_0 and theta_1; None for power steps.
-    mean_ : ndarray (n_components,)
+{_DOC_POWER_ATTRIBUTES}    mean_ : ndarray (n_components,)
         Mean of the raw scores (subtracted by ``transform``; zero if not centred).
     history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``variance``,
@@ -714,13 +716,7 @@ class KernelSVD(_TwoViewBase):
         the data barely excite, so they are not RKHS-orthonormal (see
         :class:`KernelPCA`'s ``components_``).
     singular_values_ : ndarray (n_components,)
-    steps_ : str
-        "block" or "power", as ``steps`` resolved.
-    lanes_, batch_size_ : int
-        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
-    step_size_, step_decay_ : float or None
-        The block steps' theta_0 and theta_1; None for power steps.
-    history_ : list of dict
+{_DOC_POWER_ATTRIBUTES}    history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``covariance``,
         the sum of the singular values of the scores' cross-covariance on the
         epoch's mini-batches (block steps keep [U; V] jointly orthonormal,
