@@ -607,6 +607,7 @@ def test_cli_fit_kcca_and_transform_both_views(client, tmp_path, capsys):
     )
     model = load_model(out)
     assert isinstance(model, KernelCCA) and model.random_state == 2
+    assert not hasattr(model, "steps") and not hasattr(model, "steps_")  # KSVD's and KPCA's
     z = str(tmp_path / "z.zarr")
     assert main(["transform", out, store, "--out", z]) == 0
     g = zarr.open_group(z, mode="r")

@@ -684,7 +684,8 @@ class _TwoViewBase(_ComponentsBase):
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
-        self._set_width_meta(meta)
+        if self._method == "ksvd":  # KernelCCA has one kind of step
+            self._set_width_meta(meta)
         set_history(self, meta)
 
 
