@@ -454,6 +454,13 @@ def test_ksvd_power_steps_resume_from_their_checkpoint(client, tmp_path):
                                     if k not in ("format", "format_version", "versions")})
     with pytest.raises(FloatingPointError, match=f"ksvd power step {meta['step']} lost rank"):
         KernelSVD(2, checkpoint=str(ckpt), resume=True, **kw).fit(X, Y)
+    # a checkpoint of the power steps before their Rayleigh matrix followed the
+    # bases (fingerprint "power": True) is refused, not resumed with a stale one
+    write_npz_atomic(ckpt, arrays, {**{k: v for k, v in meta.items()
+                                       if k not in ("format", "format_version", "versions")},
+                                    "fingerprint": {**meta["fingerprint"], "power": True}})
+    with pytest.raises(ValueError, match=r"different fit \(differs in: power\)"):
+        KernelSVD(2, checkpoint=str(ckpt), resume=True, **kw).fit(X, Y)
 
 
 def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):

@@ -466,7 +466,9 @@ class ComponentProgram(StepProgram):
             "alpha": self.alpha,
             "center": self.center,
             "gha": self.gha,
-            "power": self.power,
+            # 2: power_M carried into each step's bases (3946ecb); a checkpoint of
+            # the earlier power steps holds it in stale bases, or not at all
+            "power": 2 if self.power else False,
             "record_at": sorted(self._record),
             "seed": int(self.seed),
             "init": None if self.init is None else [_digest(np.sum(a * a)) for a in self.init],
