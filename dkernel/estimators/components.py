@@ -423,10 +423,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
             engine = Engine(client, self._engine_options())
             self._resolve_width(engine, data, n_blocks * B, power)
-            common = dict(center=bool(self.center), seed=self.random_state_, label="kpca")
+            common = dict(center=bool(self.center), seed=self.random_state_)
             if power:
-                program = self._power_program((features,), n_blocks, data,
-                                              center=bool(self.center), seed=self.random_state_)
+                program = self._power_program((features,), n_blocks, data, **common)
             else:
                 self.step_size_ = (
                     _auto_step("kpca", [sample], [features], bool(self.center))
@@ -436,7 +435,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                 self.step_decay_ = self._step_decay(whole_pool=False)
                 program = ComponentProgram("kpca", (features,), n_blocks, int(self.n_components),
                                            self.step_size_, self.step_decay_,
-                                           gha=self.ordering == "gha", **common)
+                                           gha=self.ordering == "gha", label="kpca", **common)
             state, total = self._run(data, client, program, engine)
         mean, M = centred_moments(total, bool(self.center))
         E, lam = rotate_pca(M)
