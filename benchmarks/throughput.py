@@ -176,7 +176,7 @@ def preconditioner_seconds(client, store: str, n_features: int) -> dict:
     from dkernel.data import open_dataset
     from dkernel.engine import Engine
     from dkernel.estimators.base import sample_rows
-    from dkernel.estimators.eigenpro import _RF_PAIRS, _RF_SUBSAMPLE
+    from dkernel.estimators.eigenpro import _RF_PAIRS, rf_subsample
     from dkernel.features import FeatureMap
     from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
 
@@ -185,7 +185,7 @@ def preconditioner_seconds(client, store: str, n_features: int) -> dict:
     B = 256
     features = FeatureMap("gaussian", 8.0, data.n_inputs, B)
     t0 = time.perf_counter()
-    sample = sample_rows(data, 0, client, size=_RF_SUBSAMPLE)
+    sample = sample_rows(data, 0, client, size=rf_subsample(n_features))
     t1 = time.perf_counter()
     pre, _, _ = feature_preconditioner(engine, sample, features, n_features // B,
                                        min(n_features, _RF_PAIRS),

@@ -59,6 +59,37 @@ def test_eigenpro_rf_preconditioner_uses_a_subsample_and_records_the_width(clien
     assert m.score(Xt, yt) > 0.3
 
 
+@pytest.mark.parametrize("rows_per_feature, within", [(6, True), (4, False)])
+def test_rf_subsample_pins_lambda_q_plus_1_where_q_is_deepest(client, rows_per_feature, within):
+    # EigenPro-RF steps at eta ~ 1 / lambda', lambda' = lambda_{q+1} of the sample;
+    # a batch step is stable while eta times the top eigenvalue of the
+    # preconditioned covariance stays under 2.  The deepest q the dense
+    # eigensolve takes is 3/4 of D (1536 of 2048), where sample eigenvalues fall
+    # furthest below the population's: with 6 rows per feature (rf_subsample's
+    # rule) the preconditioned covariance of 40000 fresh rows tops out at
+    # 1.86x the sample's lambda', with 4 rows per feature at 2.3x (8000 rows
+    # of 2048 features, the old default, measured 2.56x and backed off).
+    from dkernel.datasets.synthetic import make_dai_ridge
+    from dkernel.estimators.eigenpro import _RF_ROWS_PER_FEATURE, rf_subsample
+    from dkernel.solvers.eigenpro_rf import feature_preconditioner
+
+    assert rf_subsample(2048) == _RF_ROWS_PER_FEATURE * 2048 and rf_subsample(512) == 8000
+    assert rf_subsample(8192) == 8000  # randomized eigensolve: q <= 512, shallow
+    D, q = 512, 384
+    X, _ = make_dai_ridge(60000, 32, random_state=5)
+    X = np.asarray(X, np.float32)
+    features = FeatureMap("gaussian", 5.6, 32, 256)
+    Z = features.transform(X[20000:], 2).astype(np.float64)
+    C = Z.T @ Z / len(Z)
+    s = (_RF_ROWS_PER_FEATURE if rows_per_feature == 6 else rows_per_feature) * D
+    pre, _, _ = feature_preconditioner(Engine(client), X[:s], features, 2, q + 1, 10**9,
+                                       0.25, 0, q=q)
+    E, shrink = pre.vectors, 1.0 - pre.tau * pre.tail / pre.values[:q]
+    half = np.eye(D) - E @ np.diag(1.0 - np.sqrt(1.0 - shrink)) @ E.T  # P^(1/2)
+    top = np.linalg.eigvalsh(half @ C @ half)[-1]
+    assert (top / pre.new_top < 2.0) == within, top / pre.new_top
+
+
 def test_make_store_command_writes_the_store_on_the_workers(client, tmp_path, capsys):
     from dkernel.cli import main
     from dkernel.datasets import make_store

@@ -77,9 +77,12 @@ _MAX_AUTO_CENTERS = 100_000
 #: Fashion-MNIST it gave q = 667, m* = 4093 and 0.904 test accuracy after 3
 #: epochs, where EigenPro 2's s = 2000 (q = 361, m* = 1997) needed 7.
 _KERNEL_SUBSAMPLE = 4096
-#: Rows of the random-feature preconditioner's subsample (Ma & Belkin use
-#: M = 4800 for the kernel form; 8000 keeps lambda_{q+1} for q ~ 1000 stable).
+#: Least rows of the random-feature preconditioner's subsample (Ma & Belkin use
+#: M = 4800 for the kernel form); see :func:`rf_subsample`.
 _RF_SUBSAMPLE = 8000
+#: Sampled rows per feature when q may reach deep into the spectrum (the
+#: dense eigensolve, D <= 4096): see :func:`rf_subsample`.
+_RF_ROWS_PER_FEATURE = 6
 #: Most eigenpairs of the random-feature preconditioner.  EigenPro 2 (Ma &
 #: Belkin 2019) picks q so that the critical batch m* matches the step the
 #: hardware takes; here that step is the cluster's (``default_batch``: 65536
@@ -91,6 +94,8 @@ _RF_SUBSAMPLE = 8000
 #: so it keeps 513.
 _RF_PAIRS = 1537
 _RF_PAIRS_RANDOMIZED = 513
+#: Largest D whose preconditioner takes the dense eigensolve (_RF_PAIRS pairs).
+_RF_DENSE_MAX = 4096
 #: The all-rows solve factorises K(C, C) on the coordinator: O(p^3) flops and
 #: p^2 float64.  20 000 centers cost ~5e12 flops and 3.2 GB once (minutes on
 #: the 2-core development VMs, seconds on a server), about the sqrt(n) log n
@@ -100,6 +105,27 @@ _AUTO_NYSTROM_CENTERS = 20_000
 _DEFAULT_RIDGE = 1e-6
 #: Settings of the SGD iteration (Table 2) that the all-rows CG solve has no use for.
 _SGD_ONLY = ("q", "subsample_size", "damping", "batch_size", "step_size", "max_batch")
+
+
+def rf_subsample(n_features: int) -> int:
+    """Default rows of the random-feature preconditioner's subsample for D features.
+
+    EigenPro-RF's step is set by lambda' = lambda_{q+1}, read off the sample's
+    spectrum; with the dense eigensolve (D <= 4096) q goes as deep as 1536 of
+    2048 pairs, where sample eigenvalues fall below the population's
+    (Marchenko-Pastur: the lower part of the spectrum spreads down as D / s
+    grows).  On 2M x 32 at D = 2048 the preconditioned covariance of 24k
+    fresh rows had its top eigenvalue 2.6x the sample's lambda' with s = 8000
+    (D / s = 0.26; the default fit backed off once or ended no better than
+    its start, seeds 0-2) and 1.9x with s = 6 D (48k fresh rows); s = 12000
+    and 16000 fitted without back-off at the same test R^2.  At D = 4096
+    (q = 1536) 8000 rows gave 2.2x, 6 D 1.5x.  So s = max(8000, 6 D) there;
+    the randomized eigensolve (D > 4096) keeps q <= 512, in the upper part
+    of the spectrum, where the sample errs high, and 8000 rows.
+    """
+    if int(n_features) > _RF_DENSE_MAX:
+        return _RF_SUBSAMPLE
+    return max(_RF_SUBSAMPLE, _RF_ROWS_PER_FEATURE * int(n_features))
 
 
 class _EigenProBase(BaseEstimator):
@@ -381,7 +407,9 @@ class _EigenProBase(BaseEstimator):
                   flush=True)
 
     def _rf_subsample(self, data: Dataset) -> int:
-        return min(data.n_rows, int(self.subsample_size or _RF_SUBSAMPLE))
+        B = min(int(self.block_size), int(self.n_features))
+        D = math.ceil(int(self.n_features) / B) * B  # as _fit_features builds the map
+        return min(data.n_rows, int(self.subsample_size or rf_subsample(D)))
 
     def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
                       encoding: TargetEncoding, sample: np.ndarray | None,
@@ -402,7 +430,7 @@ class _EigenProBase(BaseEstimator):
         if sample is None:  # rows held out for early stopping are not sampled
             sample = sample_rows(data, self.random_state_, engine.client, size=s)
         pre, beta, eig = feature_preconditioner(
-            engine, sample, features, n_blocks, min(D, _RF_PAIRS if D <= 4096 else _RF_PAIRS_RANDOMIZED),
+            engine, sample, features, n_blocks, min(D, _RF_PAIRS if D <= _RF_DENSE_MAX else _RF_PAIRS_RANDOMIZED),
             max_batch, tau, self.random_state_,
             q=self.q, label="eigenpro-rf preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0 + read_seconds
@@ -625,8 +653,10 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         Eigen-directions flattened; None: the largest q whose critical batch
         m* = beta / lambda' + 1 is at most ``max_batch``.
     subsample_size : int, optional
-        s rows for the preconditioner (kernel form); None: 4096 (the most
-        with exact eigenpairs) if n < 1e5 else 12000.
+        s rows for the preconditioner.  None: kernel form 4096 (the most
+        with exact eigenpairs) if n < 1e5 else 12000; random features
+        max(8000, 6 n_features) up to 4096 features, else 8000
+        (:func:`rf_subsample`).  Recorded as ``subsample_size_``.
     damping : float, optional
         Kernel form: exponent alpha of (lambda_{q+1} / lambda_i) (default 0.95);
         random features: tau of Table 1 (default 0.25).
