@@ -105,7 +105,9 @@ def test_automatic_step_is_scaled_by_the_top_kernel_eigenvalue(client):
                       client=client).fit(X, y)
     rng = np.random.default_rng([0, 0xBA4D])
     sample = X[np.sort(rng.choice(1000, 1000, replace=False))].astype(np.float64)
-    assert m.step_size_ == pytest.approx(_STEP_SCALE["softmax"] / top_eigenvalue(sample, "gaussian", 1.5))
+    # c_loss / lambda_1 with alpha's curvature added (ridge_step): 1 / (lambda_1 / c + alpha)
+    lam = top_eigenvalue(sample, "gaussian", 1.5)
+    assert m.step_size_ == pytest.approx(1 / (lam / _STEP_SCALE["softmax"] + 1e-6), rel=1e-9)
     K = np.exp(-((X[:, None] - X[None]) ** 2).sum(-1) / (2 * 1.5**2)) / len(X)
     assert top_eigenvalue(X, "gaussian", 1.5) == pytest.approx(np.linalg.eigvalsh(K)[-1], rel=1e-6)
 
@@ -134,6 +136,50 @@ def test_preconditioned_steps_reach_the_closed_form_ridge_solution_of_their_feat
     assert pre.score(Xt, yt) >= ridge_r2 - 0.03
     block = DSGRegressor(preconditioner=None, batch_size=512, **kw).fit(X, y)
     assert block.score(Xt, yt) < pre.score(Xt, yt)
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 1e-2])
+def test_a_larger_alpha_reaches_the_closed_form_ridge_solution_instead_of_diverging(client, alpha):
+    # The automatic step followed the data's curvature alone (~1 / lambda', here
+    # ~1900), so alpha = 1e-2 made 1 - step * alpha ~ -18: the model flipped and
+    # grew each step (R^2 0.33 where the ridge solution has 0.92), without a word.
+    X = np.random.default_rng(0).normal(size=(6000, 5))
+    y = np.sin(X[:, 0])
+    Xt, yt, X, y = X[4000:], y[4000:], X[:4000], y[:4000]
+    m = DSGRegressor(alpha=alpha, n_features=1024, n_epochs=5, client=client).fit(X, y)
+    Z = m.features_.transform(X, m.n_features_ // m.features_.block_size).astype(np.float64)
+    Zt = m.features_.transform(Xt, m.n_features_ // m.features_.block_size).astype(np.float64)
+    theta = np.linalg.solve(Z.T @ Z / len(X) + alpha * np.eye(Z.shape[1]),
+                            Z.T @ (y - y.mean()) / len(X))
+    exact = 1 - ((yt - Zt @ theta - y.mean()) ** 2).sum() / ((yt - yt.mean()) ** 2).sum()
+    assert m.step_size_ * alpha < 1 and not m.step_backoffs_  # (1.8e3 * 1e-2 before)
+    assert abs(m.score(Xt, yt) - exact) < 0.01  # measured 0.0004 / 0.0008
+
+
+@pytest.mark.parametrize("loss", ["softmax", "logistic"])
+def test_a_ridge_penalty_keeps_a_classifier_far_above_chance(client, loss):
+    # With alpha = 1e-2 f stays small, so the loss's curvature stays at its bound
+    # (softmax 1/2, not the 1/6 its automatic step assumes at good fits): the
+    # binary classifier scored 0.30-0.53 on its own training rows.
+    import warnings
+
+    from dkernel import FitQualityWarning
+
+    X = np.random.default_rng(0).normal(size=(4000, 5))
+    y = (X[:, 0] * X[:, 1] > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitQualityWarning)
+        m = DSGClassifier(alpha=1e-2, loss=loss, n_features=1024, n_epochs=8,
+                          client=client).fit(X, y)
+    losses = [h["loss"] for h in m.history_]
+    assert max(losses[2:]) < losses[0]  # no drift back up (it rose 0.55 -> 0.85)
+    assert m.score(X, y) > 0.8  # measured 0.88-0.90; 1e-6 gives 0.97
+
+
+def test_an_explicit_step_that_the_ridge_term_makes_diverge_is_refused():
+    with pytest.raises(ValueError, match="step_size below 2 / alpha = 20"):
+        DSGRegressor(alpha=0.1, step_size=30.0).fit(np.random.default_rng(0).normal(size=(10, 2)),
+                                                    np.arange(10.0))
 
 
 @pytest.mark.parametrize("cls", ["dsg", "eigenpro"])
@@ -184,8 +230,9 @@ def test_divergence_that_halving_cannot_fix_stops_with_one_line_naming_the_setti
 
     X, y = make_dai_ridge(4000, 2)
     with pytest.raises(DivergenceError, match="step_size") as info:
+        # (alpha small enough that step_size * alpha < 2 passes the up-front check)
         DSGRegressor(bandwidth=0.5, n_features=256, n_epochs=2, batch_size=256,
-                     step_size=1e12, client=client).fit(X, y)
+                     step_size=1e12, alpha=1e-15, client=client).fit(X, y)
     assert "\n" not in str(info.value)
 
 

@@ -45,7 +45,7 @@ from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
 from dkernel.solvers import gp
-from dkernel.solvers.dsg import DSGProgram, decision
+from dkernel.solvers.dsg import DSGProgram, decision, ridge_step
 from dkernel.solvers.eigenpro import step_size
 from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
 from dkernel.solvers.targets import TargetEncoding
@@ -57,6 +57,10 @@ from dkernel.solvers.targets import TargetEncoding
 #: gamma_0 = 50 with lambda_1 = 0.137; synthetic hinge best near 20 with lambda_1 = 0.24).
 _STEP_SCALE = {"squared": 1.0, "huber": 1.0, "epsilon_insensitive": 1.0, "quantile": 1.0,
                "squared_hinge": 1.0, "logistic": 4.0, "hinge": 5.0, "softmax": 6.0}
+#: 1 / max l'' of each smooth loss (softmax: diag(p) - p p^T <= 1/2), and c_loss for
+#: the piecewise-linear ones, which have no curvature: the ridge term's shift of the
+#: preconditioned operator (_preconditioned_program).
+_CURVATURE = {**_STEP_SCALE, "softmax": 2.0}
 
 #: Rows the preconditioner is computed on and the most eigenpairs it keeps:
 #: its cost depends on these and D, never on n.
@@ -85,7 +89,9 @@ _DOC_PARAMS = """
         gamma_0.  "auto": with the preconditioner c_loss eta(batch) / 2, eta
         EigenPro's step for the preconditioned spectrum; without it,
         c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
-        operator on a 1000-row sample.  Stored as ``step_size_``.  A step
+        operator on a 1000-row sample; either with alpha's curvature added,
+        1 / (1 / gamma + alpha), so that the ridge term's shrink
+        1 - gamma alpha stays in (0, 1).  Stored as ``step_size_``.  A step
         that makes the loss blow up is undone and halved (recorded in
         ``step_backoffs_``).
     step_decay : float, default=1e-3
@@ -188,6 +194,14 @@ class _DSGBase(BaseEstimator):
         check_positive("block_size", self.block_size, integer=True)
         if self.step_size != "auto":
             check_positive("step_size", self.step_size)
+            if float(self.step_size) * float(self.alpha) >= 2:
+                # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
+                # step shrinks the zero model by 1 - 1 = 0, later ones by less)
+                raise ValueError(
+                    f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
+                    f"the ridge term alone makes the first steps diverge (each scales the model "
+                    f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
+                    f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
         check_positive("step_decay", self.step_decay, allow_zero=True)
         if self.lanes != "auto":
             check_positive("lanes", self.lanes, integer=True)
@@ -251,8 +265,9 @@ class _DSGBase(BaseEstimator):
                 if self.step_size == "auto":
                     # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
                     # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
-                    self.step_size_ = _STEP_SCALE[self._loss] / top_eigenvalue(sample, self.kernel,
-                                                                               bandwidth)
+                    self.step_size_ = ridge_step(
+                        _STEP_SCALE[self._loss] / top_eigenvalue(sample, self.kernel, bandwidth),
+                        float(self.alpha))
                 else:
                     self.step_size_ = float(self.step_size)
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
@@ -290,11 +305,19 @@ class _DSGBase(BaseEstimator):
         self.q_ = pre.q
         self.eigenvalues_ = pre.values
         if self.step_size == "auto":
-            self.step_size_ = _STEP_SCALE[self._loss] * step_size(self.batch_size_, beta, pre.new_top) / 2
+            self.step_size_ = ridge_step(
+                _STEP_SCALE[self._loss] * step_size(self.batch_size_, beta, pre.new_top) / 2,
+                float(self.alpha))
         else:
             self.step_size_ = float(self.step_size)
+        # The steps descend mean l + alpha/2 |a|^2, whose curvature is at most
+        # (H + c alpha) / c, c = 1 / max l'' (_CURVATURE): P flattens that operator,
+        # not H alone.  From H alone, a step sized for alpha met the top directions at
+        # the loss's full curvature, where a large alpha keeps f (softmax, alpha = 1e-2:
+        # the loss rose epoch after epoch).  alpha << lambda_{q+1} changes nothing.
+        shift = _CURVATURE[self._loss] * float(self.alpha)
         return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha), self.step_size_,
-                          float(self.step_decay), preconditioner=pre, beta=beta,
+                          float(self.step_decay), preconditioner=pre.shifted(shift), beta=beta + shift,
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
                           average=bool(self.average))
 

@@ -54,6 +54,11 @@ class FeaturePreconditioner:
         """Top eigenvalue of P H: max(tau, 1) lambda_{q+1} for exact eigenvectors."""
         return max(self.tau, 1.0) * self.tail
 
+    def shifted(self, shift: float) -> FeaturePreconditioner:
+        """The preconditioner of H + ``shift`` I (a ridge term's curvature): the
+        same eigenvectors, every eigenvalue raised by ``shift``."""
+        return FeaturePreconditioner(self.values + float(shift), self.vectors, self.q, self.tau)
+
     def apply(self, g: np.ndarray) -> np.ndarray:
         """P g = g - E (1 - tau lambda_{q+1} / lambda_i) E^T g."""
         E = self.vectors
