@@ -54,12 +54,12 @@ def test_binary_losses_train_a_separating_rule(client, loss, step_size):
     assert m.score(Xt, yt) > 0.78  # an RBF SVC scores 0.88, a linear model ~0.55
 
 
-def test_dask_input_gives_lazy_float32_predictions(client):
+def test_dask_input_gives_lazy_predictions_with_the_mean_of_y_in_float64(client):
     X, y = make_dai_ridge(800, 3)
     Xd, yd = da.from_array(X, chunks=(200, 3)), da.from_array(y, chunks=200)
     m = DSGRegressor(n_features=256, n_epochs=1, client=client).fit(Xd, yd)
     p = m.predict(Xd)
-    assert isinstance(p, da.Array) and p.dtype == np.float32
+    assert isinstance(p, da.Array) and p.dtype == np.float64
     np.testing.assert_allclose(p.compute(), m.predict(X), rtol=1e-5, atol=1e-6)
 
 
@@ -174,6 +174,24 @@ def test_a_ridge_penalty_keeps_a_classifier_far_above_chance(client, loss):
     losses = [h["loss"] for h in m.history_]
     assert max(losses[2:]) < losses[0]  # no drift back up (it rose 0.55 -> 0.85)
     assert m.score(X, y) > 0.8  # measured 0.88-0.90; 1e-6 gives 0.97
+
+
+@pytest.mark.parametrize("cls", ["dsg", "eigenpro"])
+def test_a_large_mean_of_y_costs_no_accuracy(client, cls):
+    # y = sin(x0) + 1e7: the mean was subtracted after a float32 cast of y and
+    # added back in float32 (ulp 1 at 1e7), so R^2 fell from 0.96 to 0.81
+    from dkernel import EigenProRegressor
+
+    X = np.random.default_rng(0).normal(size=(3000, 3))
+    y = np.sin(X[:, 0]) + 0.1 * np.random.default_rng(1).normal(size=3000)
+    make = (lambda: DSGRegressor(n_features=512, n_epochs=3, client=client)) if cls == "dsg" \
+        else (lambda: EigenProRegressor(n_features=512, n_epochs=3, client=client))
+    base = make().fit(X[:2000], y[:2000])
+    shifted = make().fit(X[:2000], y[:2000] + 1e7)
+    p = shifted.predict(X[2000:])
+    assert p.dtype == np.float64
+    np.testing.assert_allclose(p - 1e7, base.predict(X[2000:]), atol=1e-3)
+    assert shifted.score(X[2000:], y[2000:] + 1e7) > base.score(X[2000:], y[2000:]) - 1e-3
 
 
 def test_an_explicit_step_that_the_ridge_term_makes_diverge_is_refused():

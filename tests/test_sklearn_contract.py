@@ -52,11 +52,13 @@ CHECKED = [
 ]
 
 #: Checks the distributed design cannot meet, with the reason; nothing else may fail.
-_FLOAT32 = ("predictions are float32 like the feature path (DESIGN.md §4); a float64 copy "
-            "would claim precision the model does not have")
+#: (Regressors return f + mean(y) in float64 since the mean of y = 1e7 + O(1) lost its
+#: O(1) part in float32, so check_regressor_multioutput passes.)
 EXPECTED_FAILED: dict[str, dict[str, str]] = {
-    "DSGRegressor": {"check_regressor_multioutput": _FLOAT32},
-    "EigenProRegressor": {"check_regressor_multioutput": _FLOAT32},
+    "EigenProRegressor": {"check_methods_subset_invariance": (
+        "f is computed in float32 like the feature path (DESIGN.md §4): the kernel rows' GEMM "
+        "rounds a row's prediction differently (~1e-6) in a batch of another size, above the "
+        "check's float64 tolerance of 1e-7")},
 }
 
 

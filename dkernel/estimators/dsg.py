@@ -506,7 +506,8 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         return self.coef_.shape[0] // self.features_.block_size
 
     def predict(self, X: Any, return_std: bool = False) -> Any:
-        """f(X) + mean(y); lazy dask array for dask input.
+        """f(X) + mean(y) in float64 (f itself is computed in float32); lazy
+        dask array for dask input.
 
         With ``return_std=True`` (a model fitted with ``posterior_variance=True``)
         also the posterior standard deviation of the latent f ~ GP(0, k) at X,
@@ -517,8 +518,8 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         returns the same), not of y.
         """
         X = self._validated(X)
-        f = self._decision(X)
-        off = np.asarray(self.encoding_.offset, dtype=np.float32)
+        f = self._decision(X).astype(np.float64)  # + the mean of y, which float32 would round
+        off = np.asarray(self.encoding_.offset, dtype=np.float64)
         mean = f + (off[0] if f.ndim == 1 else off)
         if not return_std:
             return mean

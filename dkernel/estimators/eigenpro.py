@@ -725,10 +725,12 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def predict(self, X: Any) -> Any:
-        """f(X) + mean(y), float32 like the feature path; lazy dask array for dask input."""
+        """f(X) + mean(y) in float64 (f is float32, like the feature path: the mean
+        of y = 1e7 + O(1) would lose the O(1) part in float32); lazy dask array
+        for dask input."""
         X = self._validated(X)
-        f = self._decision(X)
-        off = np.asarray(self.encoding_.offset, dtype=np.float32)
+        f = self._decision(X).astype(np.float64)
+        off = np.asarray(self.encoding_.offset, dtype=np.float64)
         return f + (off[0] if f.ndim == 1 else off)
 
     def score(self, X: Any, y: Any = None) -> float:

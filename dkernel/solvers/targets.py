@@ -29,9 +29,10 @@ class TargetEncoding:
     def encode(self, y: Any, dtype: Any) -> Any:
         xp = namespace(y)
         if self.kind == "regression":
-            y = y.astype(dtype, copy=False)
+            # centred in float64 before the cast: y = 1e8 + O(1) in float32 keeps no O(1) part
+            y = y.astype(np.float64, copy=False)
             y = y.reshape(-1, 1) if y.ndim == 1 else y
-            return y - asarray_like(np.asarray(self.offset, dtype=dtype), y)
+            return (y - asarray_like(np.asarray(self.offset, dtype=np.float64), y)).astype(dtype)
         idx = xp.searchsorted(asarray_like(np.asarray(self.classes), y), y.reshape(-1))
         if self.kind == "binary":
             return (2 * idx - 1).astype(dtype).reshape(-1, 1)
