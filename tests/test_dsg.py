@@ -305,3 +305,43 @@ def test_error_falls_like_one_over_t_in_the_regime_of_dai_theorem_4(client):
         errors.append(np.mean((m.predict(X).astype(np.float64) - f_star) ** 2))
     slope = np.polyfit(np.log(ts), np.log(errors), 1)[0]
     assert slope < -0.75, (slope, errors)
+
+
+def test_score_follows_scikit_learn_on_multi_output_and_on_targets_that_are_not_labels(client):
+    # R^2 pooled the sums over outputs (0.991 where r2_score gives 0.579), and a
+    # classifier scored a continuous target, or string labels against numeric
+    # classes, as accuracy 0.0
+    from sklearn.metrics import r2_score
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3))
+    Y = np.stack([100 * np.sin(X[:, 0]), rng.normal(size=2000)], axis=1)
+    m = DSGRegressor(n_features=256, n_epochs=2, client=client).fit(X, Y)
+    assert m.score(X, Y) == pytest.approx(r2_score(Y, m.predict(X)), abs=1e-9)
+    yc = (X[:, 0] > 0).astype(int)
+    c = DSGClassifier(n_features=256, n_epochs=2, client=client).fit(X, yc)
+    with pytest.raises(ValueError, match="continuous"):
+        c.score(X, X[:, 0])
+    with pytest.raises(ValueError, match="same kind"):
+        c.score(X, np.where(yc == 1, "1", "0"))
+    assert c.score(X, yc) > 0.9
+
+
+def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(client):
+    import pickle
+
+    from sklearn.model_selection import cross_val_score
+
+    X, y = make_dai_ridge(400, 3)
+    with pytest.raises(TypeError, match="n_jobs=1"):
+        pickle.dumps(DSGRegressor(client=client))
+    assert pickle.loads(pickle.dumps(DSGRegressor(n_features=64))).n_features == 64
+    # joblib wraps it in its PicklingError; ours is the cause the traceback shows
+    with pytest.raises(Exception) as info:
+        cross_val_score(DSGRegressor(n_features=64, n_epochs=1, client=client), X, y, cv=2, n_jobs=2,
+                        error_score="raise")
+    assert "n_jobs=1" in str(info.value) + str(info.value.__cause__)
+    # copies in this process (clone, copy.copy) keep sharing the client
+    import copy
+
+    assert copy.copy(DSGRegressor(client=client)).client is client

@@ -17,7 +17,7 @@ import scipy.sparse
 import sklearn.base
 from sklearn.exceptions import NotFittedError  # what every estimator raises before fit
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
@@ -62,6 +62,23 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         new = sklearn.base.clone(bare)
         new.client = client
         return new
+
+    def __copy__(self) -> BaseEstimator:
+        # a shallow copy shares the client (clone relies on it); pickling does not
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __getstate__(self) -> dict:
+        # A Client (sockets, an event loop) cannot travel to another process; the
+        # usual way one gets asked to is n_jobs > 1 in scikit-learn's model
+        # selection, where distributed's PicklingError named neither cause nor fix.
+        if getattr(self, "client", None) is not None:
+            raise TypeError(
+                f"{type(self).__name__}(client=...) cannot be pickled: its Client is a live "
+                "connection.  Run cross-validation / GridSearchCV with n_jobs=1 (the Dask "
+                "cluster already runs each fit in parallel), and save models with .save()")
+        return super().__getstate__()
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -363,20 +380,50 @@ def _as_targets(y: Any, p: Any) -> Any:
 
 
 def r2_score_any(y: Any, p: Any) -> float:
-    """R^2 = 1 - SS_res / SS_tot over all outputs; lazy inputs are reduced on the cluster."""
+    """R^2 = 1 - SS_res / SS_tot of each output, averaged over the outputs as
+    scikit-learn's ``r2_score`` (``RegressorMixin.score``) does, a constant
+    output scoring 1 when predicted exactly and 0 otherwise; lazy inputs are
+    reduced on the cluster."""
     y = _as_targets(y, p).astype(np.float64)
-    ss_res = ((y - p) ** 2).sum()
-    ss_tot = ((y - y.mean(axis=0)) ** 2).sum()
+    ss_res = ((y - p) ** 2).sum(axis=0)
+    ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
     if isinstance(ss_res, da.Array):
         ss_res, ss_tot = da.compute(ss_res, ss_tot)
-    return float(1 - ss_res / ss_tot)
+    ss_res, ss_tot = np.atleast_1d(ss_res), np.atleast_1d(ss_tot)
+    if not (np.isfinite(ss_res).all() and np.isfinite(ss_tot).all()):
+        raise ValueError("y contains NaN or infinity (or its values overflow float64); drop "
+                         "those rows before scoring")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.where(ss_res == 0, 1.0, 0.0))
+    return float(np.mean(r2))
 
 
-def accuracy_any(y: Any, p: Any) -> float:
-    """Mean accuracy; lazy inputs are reduced on the cluster."""
+def accuracy_any(y: Any, p: Any, classes: Any = None) -> float:
+    """Mean accuracy; lazy inputs are reduced on the cluster.  With the model's
+    ``classes``, targets that cannot be its labels are refused as scikit-learn's
+    metrics refuse them (continuous values, or strings against numeric classes
+    and the reverse) instead of scoring 0."""
     y = _as_targets(y, p).reshape(-1)
+    if classes is not None:
+        _check_score_labels(y, np.asarray(classes))
     acc = (p == y).mean()
     return float(acc.compute() if isinstance(acc, da.Array) else acc)
+
+
+def _check_score_labels(y: Any, classes: np.ndarray) -> None:
+    numeric = classes.dtype.kind in "iufb"
+    if numeric != (y.dtype.kind in "iufb"):
+        raise ValueError(
+            f"y holds {y.dtype} values but the classifier's classes are {classes.tolist()[:10]}; "
+            "score it on targets of the same kind as its labels")
+    if isinstance(y, da.Array) or type_of_target(y) not in ("continuous", "continuous-multioutput"):
+        return
+    outside = ~np.isin(y, classes)
+    if outside.any():
+        raise ValueError(
+            f"y is continuous ({int(outside.sum())} value(s) such as {y[outside][0]!r} are not "
+            f"among the classes {classes.tolist()[:10]}); a classifier is scored on its labels "
+            "(a continuous target needs a regressor)")
 
 
 def binary_margin(f: Any) -> Any:

@@ -781,4 +781,4 @@ class EigenProClassifier(ClassifierMixin, _EigenProBase):
     def score(self, X: Any, y: Any = None) -> float:
         """Mean accuracy (y may be omitted for a store holding ``y``)."""
         X, y = score_targets(X, y)
-        return accuracy_any(y, self.predict(X))
+        return accuracy_any(y, self.predict(X), self.classes_)
