@@ -264,3 +264,28 @@ def test_a_slow_epoch_report_names_the_knob_of_its_solver(client, caplog):
     # tiny steps: busy well under half of each epoch (measured 1-5%)
     assert "(more local steps a round (a larger local_steps" in one_class, one_class
     assert "(power steps (steps='auto' with step_size, step_decay at their defaults)" in ksvd, ksvd
+
+
+def test_pool_estimators_take_dataframes_and_any_random_state_like_the_others(client):
+    # They called int(random_state) and handed DataFrames to the workers as they
+    # came: fit raised AttributeError, predict a pandas shape error, and
+    # random_state=None / a Generator a TypeError.
+    import pandas as pd
+
+    X = np.random.default_rng(0).normal(size=(1000, 3))
+    df = pd.DataFrame(X, columns=["a", "b", "c"])
+    kw = dict(bandwidth=1.0, n_features=256, n_epochs=1, client=client)
+    m = DSGOneClassSVM(**kw).fit(df)
+    assert list(m.feature_names_in_) == ["a", "b", "c"] and m.n_features_in_ == 3
+    np.testing.assert_array_equal(m.predict(df), DSGOneClassSVM(**kw).fit(X).predict(X))
+    with pytest.raises(ValueError, match="feature names"):
+        m.predict(df[["c", "b", "a"]])
+    r = DSGDensityRatio(**kw).fit(df, df + 0.5)
+    assert list(r.feature_names_in_) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="feature names"):
+        DSGDensityRatio(**kw).fit(df, (df + 0.5)[["b", "a", "c"]])
+    for seed in (None, np.random.RandomState(1), np.random.default_rng(2)):
+        for est in (DSGOneClassSVM(random_state=seed, **kw).fit(X),
+                    DSGDensityRatio(random_state=seed, **kw).fit(X, X + 0.5)):
+            assert isinstance(est.random_state_, int)
+    assert DSGOneClassSVM(random_state=7, **kw).fit(X).random_state_ == 7

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import dask.array as da
@@ -11,6 +12,7 @@ import numpy as np
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_positive
 from dkernel.engine import connect
+from dkernel.estimators.base import validate_predict_input
 from dkernel.estimators.pool import POOL_DOC, PoolEstimator
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
@@ -79,9 +81,16 @@ class DSGDensityRatio(PoolEstimator):
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:
         """Fit log p/q from a sample of p (numerator) and a sample of q (denominator)."""
-        self._check_pool_params()
+        X_numerator = self._start_fit(X_numerator)
         check_positive("alpha", self.alpha)
-        data, n_p, n_q = _two_samples(X_numerator, X_denominator, int(self.random_state))
+        if hasattr(self, "n_features_in_"):  # in-memory numerator: the same columns, by name too
+            path = isinstance(X_denominator, (str, os.PathLike))
+            width = () if path else np.shape(X_denominator)[1:2]
+            if width and width[0] != self.n_features_in_:
+                raise ValueError(f"X_numerator has {self.n_features_in_} columns but X_denominator "
+                                 f"has {width[0]}; both samples must have the same features")
+            X_denominator = validate_predict_input(self, X_denominator, "X_denominator")
+        data, n_p, n_q = _two_samples(X_numerator, X_denominator, self.random_state_)
         n = n_p + n_q
         alpha = float(self.alpha)
 

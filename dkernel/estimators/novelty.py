@@ -89,7 +89,7 @@ class DSGOneClassSVM(PoolEstimator):
 
     def fit(self, X: Any, y: Any = None) -> DSGOneClassSVM:
         """Fit on X (array or store path); y is ignored."""
-        self._check_pool_params()
+        X = self._start_fit(X)
         if not (isinstance(self.nu, (int, float)) and 0 < self.nu <= 1):
             raise ValueError(f"nu must be in (0, 1], got {self.nu!r}")
         data = open_dataset(X)

@@ -15,9 +15,11 @@ from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
     check_common_params,
-    check_predict_input,
     resolve_bandwidth,
+    resolve_random_state,
     sample_rows,
+    validate_fit_input,
+    validate_predict_input,
 )
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
@@ -54,8 +56,9 @@ POOL_DOC = """
         2^27 feature evaluations (65536 rows at n_features=2048, 128 local
         steps of 512 rows), so its compute dwarfs the round trip, but at least
         8 rounds an epoch.  Stored as ``local_steps_``.
-    random_state : int, default=0
-        Global seed of features and shuffling.
+    random_state : int, RandomState, Generator or None, default=0
+        Global seed of features and shuffling; anything but an int is turned
+        into one integer seed at fit, stored as ``random_state_``.
     client : distributed.Client, optional
         Cluster to run on; None means the current client or a new LocalCluster.
     verbose : bool, default=False
@@ -78,13 +81,21 @@ class PoolEstimator(BaseEstimator):
             if getattr(self, name) != "auto":
                 check_positive(name, getattr(self, name), integer=True)
 
+    def _start_fit(self, X: Any) -> Any:
+        """Check the settings and X (in-memory X through scikit-learn's checks, which
+        set ``n_features_in_`` and ``feature_names_in_``) and resolve the seed."""
+        self._check_pool_params()
+        X, _, _ = validate_fit_input(self, X, None, target="none")
+        self.random_state_ = resolve_random_state(self.random_state)
+        return X
+
     def _fit_program(self, data: Dataset, client: Any, make_program: Any) -> dict[str, Any]:
         """Resolve bandwidth, pool and widths, run ``make_program(features, n_blocks, sample)``."""
-        sample = sample_rows(data, self.random_state, client)
+        sample = sample_rows(data, self.random_state_, client)
         bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
         B = min(int(self.block_size), int(self.n_features))
         n_blocks = math.ceil(int(self.n_features) / B)
-        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, int(self.random_state))
+        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
         program: PoolProgram = make_program(features, n_blocks, sample)
         engine = Engine(client, self._engine_options())
         self.lanes_ = engine.pin_lanes(data)
@@ -103,7 +114,7 @@ class PoolEstimator(BaseEstimator):
         program.cache_blocks = int(self.n_epochs) > 1
         state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
                                  batch_size=self.lanes_ * self.local_steps_ * share,
-                                 random_state=int(self.random_state))
+                                 random_state=self.random_state_)
         self.features_ = features
         self.n_blocks_ = n_blocks
         self.coef_ = state["w_avg"]
@@ -124,7 +135,7 @@ class PoolEstimator(BaseEstimator):
     def _score(self, X: Any) -> Any:
         """f(X) = z(X)^T coef_, shape (n,); lazy for dask input."""
         self._check_fitted("coef_")
-        X = check_predict_input(X, self.n_features_in_)
+        X = validate_predict_input(self, X)
         features, n_blocks, w = self.features_, self.n_blocks_, self.coef_
         return apply_rows(lambda Xb: pool_decision(features, n_blocks, w, Xb), X, None,
                           np.dtype(features.dtype))
