@@ -411,3 +411,34 @@ def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["kind"] == "checkpoint" and info["step"] == 7
     assert info["arrays"]["coef"][0] == [4, 2]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--workers", "-1"], "--workers must be at least 1, got -1"),
+        (["--workers", "2", "--scheduler", "tcp://127.0.0.1:9"], "drop --workers"),
+        (["--tls-cert", "client.pem"], "--tls-cert apply to a tls:// scheduler"),
+        (["--task", "regression", "--quantile", "0.9"],
+         "--quantile applies to --loss quantile, and the loss is squared"),
+        (["--task", "regression", "--loss", "quantile", "--epsilon", "0.2"],
+         "--epsilon applies to --loss huber or epsilon_insensitive, and the loss is quantile"),
+        (["--validation-fraction", "0.3"], "--validation-fraction applies with --early-stopping"),
+        (["--solver", "eigenpro", "--n-iter-no-change", "5"],
+         "--n-iter-no-change applies with --early-stopping"),
+    ],
+)
+def test_fit_refuses_a_setting_it_would_ignore(labelled, capsys, extra, message):
+    # each of these ran to the end (or, with --workers -1, hung) and used defaults
+    out = labelled["dir"] / "ignored.npz"
+    _fails(capsys, ["fit", labelled["train"], *extra, "--out", str(out)], message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, message",
+                         [(["--dtype", "float64"], "--dtype float64: fashion-mnist"),
+                          (["--format", "npy"], "--format npy applies to FILE")])
+def test_ingest_fashion_mnist_refuses_options_it_does_not_honour(tmp_path, capsys, extra, message):
+    # both were accepted and ignored (float32 written for --dtype float64)
+    _fails(capsys, ["ingest", "fashion-mnist", "--out", str(tmp_path / "fm"), *extra], message)
+    assert not (tmp_path / "fm").exists()

@@ -257,3 +257,31 @@ def test_workers_of_the_recipe_and_of_dkernels_local_cluster_get_its_malloc_sett
             Client(cluster, set_as_default=False) as c:
         assert _worker_malloc(c) == [want]
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"  # put back
+
+
+def test_a_cluster_without_workers_is_waited_for_then_refused_in_one_line(monkeypatch, tmp_path,
+                                                                          capsys):
+    # The fit's tasks waited for a worker for ever, printing nothing (a scheduler
+    # whose workers died, or a deployment whose workers never started).
+    import threading
+
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(600, 3)), rng.normal(size=600)
+    store = make_store(tmp_path / "s.zarr", 600, 3, chunk_rows=200, kind="regression")
+    monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "2")
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        with pytest.raises(RuntimeError, match="has had no workers for 2 s; start workers"):
+            DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
+        assert main(["fit", str(store), "--features", "64", "--epochs", "1", "--out",
+                     str(tmp_path / "m.npz"), "--scheduler", cluster.scheduler_address]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "has had no workers for 2 s" in err[-1] and not (tmp_path / "m.npz").exists()
+        # a worker that joins while a fit waits (a pod starting, an adaptive
+        # cluster scaling up for the pending task) is used
+        monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "60")
+        threading.Timer(1.0, cluster.scale, args=(1,)).start()
+        m = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
+        assert m.lanes_ == 1 and np.isfinite(m.predict(X)).all()

@@ -76,6 +76,17 @@ def cluster_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of :func:`dkernel.engine.connect` from the cluster flags."""
     from dkernel.engine.cluster import make_security
 
+    address = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers is not None and address:
+        raise ValueError(f"--workers sizes the embedded LocalCluster; the cluster at {address} "
+                         "runs the job on its own workers: drop --workers")
+    tls = [f for f, v in (("--tls-ca-file", args.tls_ca_file), ("--tls-cert", args.tls_cert),
+                          ("--tls-key", args.tls_key)) if v is not None]
+    if tls and not address:
+        raise ValueError(f"{', '.join(tls)} apply to a tls:// scheduler: pass --scheduler "
+                         "tls://HOST:PORT (or set DASK_SCHEDULER_ADDRESS)")
     return {"scheduler": args.scheduler, "n_workers": args.workers,
             "security": make_security(args.tls_ca_file, args.tls_cert, args.tls_key)}
 

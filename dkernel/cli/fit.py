@@ -45,15 +45,32 @@ def _task(args: argparse.Namespace) -> str:
     return args.task or "classification"
 
 
+def _given_early_stopping(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The early-stopping options, refused without --early-stopping (which alone uses them)."""
+    if not getattr(args, "early_stopping", None):
+        for flag in ("validation_fraction", "n_iter_no_change"):
+            if getattr(args, flag, None) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} applies with --early-stopping; add "
+                                 "--early-stopping or drop it")
+    return _EARLY_STOPPING
+
+
 def _build_dsg(args: argparse.Namespace) -> Any:
     from dkernel import DSGClassifier, DSGRegressor
 
     cls = DSGClassifier if _task(args) == "classification" else DSGRegressor
     kw: dict[str, Any] = {}
+    from dkernel.losses import LOSS_PARAMS
+
     for flag in ("epsilon", "quantile"):
         if getattr(args, flag, None) is not None and cls is DSGClassifier:
             raise ValueError(f"--{flag} is a parameter of the regression losses; "
                              "use it with --task regression")
+        loss = args.loss or cls._default_loss
+        if getattr(args, flag, None) is not None and flag not in LOSS_PARAMS.get(loss, {}):
+            takers = " or ".join(k for k, v in LOSS_PARAMS.items() if flag in v)
+            raise ValueError(f"--{flag} applies to --loss {takers}, and the loss is {loss}; "
+                             f"add --loss {takers.split(' or ')[0]} or drop --{flag}")
     if args.preconditioner is not None:
         kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
     return cls(
@@ -61,7 +78,7 @@ def _build_dsg(args: argparse.Namespace) -> Any:
             args,
             kw,
             _COMMON
-            + _EARLY_STOPPING
+            + _given_early_stopping(args)
             + (
                 ("features", "n_features"),
                 ("epochs", "n_epochs"),
@@ -119,7 +136,7 @@ def _build_eigenpro(args: argparse.Namespace) -> Any:
             args,
             {},
             _COMMON
-            + _EARLY_STOPPING
+            + _given_early_stopping(args)
             + (
                 ("centers", "n_centers"),
                 ("features", "n_features"),

@@ -79,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.input == "fashion-mnist" and not os.path.exists(args.input):
         _check_options(args, "fashion-mnist")
+        if args.format is not None:
+            raise ValueError(f"--format {args.format} applies to FILE input; fashion-mnist is read "
+                             "from its idx files: drop --format")
+        if args.dtype != "float32":
+            raise ValueError(f"--dtype {args.dtype}: fashion-mnist is written as float32 "
+                             "(pixels / 255); drop --dtype")
         for name in ("train.zarr", "test.zarr"):
             check_output(os.path.join(args.out, name), args.overwrite)
         out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,

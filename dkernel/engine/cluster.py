@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,6 +59,44 @@ def _check_tls(address: str, security: Any) -> Any:
     return security
 
 
+#: Seconds a fit waits for a cluster that has no worker before it stops
+#: (``$DKERNEL_WORKER_TIMEOUT`` overrides it): long enough for a pod or a batch
+#: job to start, short of the silent wait for ever that Dask's tasks would do.
+WORKER_TIMEOUT = 300.0
+
+
+def _nothing() -> None:
+    return None
+
+
+def require_workers(client: Client, timeout: float | None = None) -> None:
+    """Return once the cluster has a worker; wait (saying so) up to ``timeout``
+    seconds (default :data:`WORKER_TIMEOUT`) when it has none, then stop with a
+    one-line error.  A pending task is left with the scheduler while waiting, so
+    an adaptive cluster scaled to zero scales up for it."""
+    if client.nthreads():
+        return
+    if timeout is None:
+        timeout = float(os.environ.get("DKERNEL_WORKER_TIMEOUT", WORKER_TIMEOUT))
+    address = getattr(client.scheduler, "address", None) or "the scheduler"
+    _log.warning("the Dask scheduler at %s has no workers; waiting up to %.0f s for one "
+                 "(start workers with 'dask worker %s')", address, timeout, address)
+    probe = client.submit(_nothing, pure=False,
+                          key=f"dkernel-wait-for-workers-{uuid.uuid4().hex[:8]}")
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except TimeoutError:
+        raise RuntimeError(
+            f"the Dask scheduler at {address} has had no workers for {timeout:.0f} s; start "
+            f"workers ('dask worker {address}'), or set DKERNEL_WORKER_TIMEOUT to wait "
+            "longer") from None
+    finally:
+        probe.cancel()
+
+
+_log = logging.getLogger("dkernel.engine")
+
+
 @contextmanager
 def connect(client: Client | None = None, scheduler: str | None = None,
             n_workers: int | None = None, security: Any = None) -> Iterator[Client]:
@@ -68,8 +107,10 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     single-threaded worker process per core.  ``security`` (a
     ``distributed.Security``, see :func:`make_security`) is used for a
     ``tls://`` scheduler; without it the Dask configuration's TLS settings are.
+    A cluster without workers is waited for (:func:`require_workers`).
     """
     if client is not None:
+        require_workers(client)
         yield client
         return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
@@ -85,6 +126,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
                 "'dask scheduler' (see deploy/) or omit --scheduler to use a local cluster"
             ) from None
         try:
+            require_workers(c)
             yield c
         finally:
             c.close()
@@ -96,6 +138,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     except ValueError:
         current = None
     if current is not None:
+        require_workers(current)
         yield current
         return
     # Worker-side failures (bad input found on a worker) reach the caller as
