@@ -435,6 +435,20 @@ def test_fit_refuses_a_setting_it_would_ignore(labelled, capsys, extra, message)
     assert not out.exists()
 
 
+def test_a_store_row_with_nan_stops_predict_and_evaluate_naming_the_row(labelled, capsys):
+    # predictions of such a row were NaN, and evaluate printed {"mse": NaN, ...}
+    # (not even JSON) with exit code 0
+    X, y = make_blobs_classification(400, 4, random_state=5)
+    X[257, 2] = np.nan
+    bad = write_store(labelled["dir"] / "nan.zarr", X, y, chunk_rows=100)
+    with pytest.raises(ValueError, match="first bad row: 257"):
+        load_model(labelled["model"]).predict(bad).compute()  # lazy until computed
+    _fails(capsys, ["evaluate", labelled["model"], bad, "--json"], "first bad row: 257")
+    _fails(capsys, ["predict", labelled["model"], bad, "--out",
+                    str(labelled["dir"] / "p.zarr")], "first bad row: 257")
+    assert not (labelled["dir"] / "p.zarr").exists()
+
+
 @pytest.mark.parametrize("extra, message",
                          [(["--dtype", "float64"], "--dtype float64: fashion-mnist"),
                           (["--format", "npy"], "--format npy applies to FILE")])

@@ -131,3 +131,26 @@ def test_cli_parallel_csv_without_header_and_no_target(client, tmp_path, capsys)
     assert "X 50 x 2 float32, 3 chunk(s) of 20 rows" in capsys.readouterr().out
     X = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["X"][:]
     np.testing.assert_array_equal(X[:, 1], 2 * np.arange(50))
+
+
+def test_missing_values_are_refused_on_the_workers_as_the_serial_reader_refuses_them(client,
+                                                                                     tmp_path):
+    # The workers wrote NaN for empty CSV fields and Parquet nulls (a CSV over
+    # 64 MB takes this path unasked); the serial reader names the field.
+    csv = tmp_path / "miss.csv"
+    csv.write_text("a,b,label\n1,2,0\n3,,1\n5,6,0\n")
+    with pytest.raises(IngestError, match="empty value"):
+        ingest_csv(csv, tmp_path / "serial.zarr", target="label")
+    missing = "missing or non-finite value in column '{}' at data row 1"
+    with pytest.raises(IngestError, match=missing.format("b")):
+        ingest_csv_parallel(csv, tmp_path / "p.zarr", target="label", client=client)
+    pq.write_table(pa.table({"a": pa.array([1.0, None, 3.0]), "b": [1.0, 2.0, 3.0],
+                             "label": [0, 1, 0]}), tmp_path / "n.parquet")
+    with pytest.raises(IngestError, match=missing.format("a")):
+        ingest_parquet(tmp_path / "n.parquet", tmp_path / "q.zarr", client=client)
+    header_only = tmp_path / "h.csv"
+    header_only.write_text("a,b,label\n")
+    with pytest.raises(IngestError, match="no data rows"):  # it said "column 'a' is string"
+        ingest_csv_parallel(header_only, tmp_path / "h.zarr", target="label", client=client)
+    assert not any((tmp_path / n).exists() for n in ("p.zarr", "q.zarr", "h.zarr"))
+    assert _leftovers(tmp_path) == []

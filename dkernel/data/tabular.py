@@ -112,7 +112,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         X = create_array(group, "X", (n, len(x_cols)), dtype, chunk_rows)
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
-                        pure=False)
+                        path=path, pure=False)
         written = sum(c.gather(futures))
         if written != n:  # a file changed between planning and reading
             raise IngestError(f"{path}: read {written} rows but the metadata says {n}; "
@@ -240,7 +240,7 @@ def _schema_text(schema: Any) -> str:
 
 
 def _write_span(span: tuple[int, int], parts: list[_ParquetPart], x_cols: list[str],
-                target: str | None, X: Any, y: Any) -> int:
+                target: str | None, X: Any, y: Any, path: str = "") -> int:
     """On a worker: read rows [a, b) from the row groups holding them (pyarrow),
     and write them to the zarr arrays (whole chunks, so tasks never share one)."""
     import pyarrow as pa
@@ -266,7 +266,8 @@ def _write_span(span: tuple[int, int], parts: list[_ParquetPart], x_cols: list[s
     table = pa.concat_tables(tables).slice(a - first, b - a)
     Xb = np.empty((table.num_rows, len(x_cols)), dtype=X.dtype)
     for j, name in enumerate(x_cols):
-        Xb[:, j] = table.column(name).to_numpy(zero_copy_only=False)
+        Xb[:, j] = table.column(name).to_numpy(zero_copy_only=False)  # nulls become NaN
+    _refuse_missing(Xb, x_cols, a, path)
     X[a:a + table.num_rows] = Xb
     if target is not None:
         col = table.column(target)
@@ -275,7 +276,9 @@ def _write_span(span: tuple[int, int], parts: list[_ParquetPart], x_cols: list[s
 
             raise IngestError(f"target column {target!r} has {col.null_count} missing value(s) "
                               f"in rows {a}-{b - 1}; drop or impute them before ingesting")
-        y[a:a + table.num_rows] = col.to_numpy(zero_copy_only=False).astype(y.dtype, copy=False)
+        yb = col.to_numpy(zero_copy_only=False)
+        _refuse_missing(yb, [target], a, path)
+        y[a:a + table.num_rows] = yb.astype(y.dtype, copy=False)
     return table.num_rows
 
 
@@ -321,6 +324,8 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
     for c in columns:
         kind = np.dtype(ddf[c].dtype).kind if _is_numpy_dtype(ddf[c].dtype) else "O"
         if kind not in "biuf":
+            if len(ddf.head(1, npartitions=1, compute=True)) == 0:  # header only: no values at all
+                raise IngestError(f"{path}: no data rows; nothing to ingest")
             raise IngestError(f"{path}: column {c!r} is {ddf[c].dtype}, not numeric; encode or "
                               "drop it before ingesting")
     dtype = np.dtype(dtype)
@@ -338,14 +343,14 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
         n = int(sum(lengths))
         if n == 0:
             raise IngestError(f"{path}: no data rows; nothing to ingest")
-        X = X.map_blocks(_as_dtype, dtype, dtype=dtype).rechunk((chunk_rows, -1))
+        X = X.map_blocks(_as_dtype, dtype, path, x_cols, dtype=dtype).rechunk((chunk_rows, -1))
         y = None
         if t is not None:
             y_dtype = np.dtype(ddf[t].dtype)
             if y_dtype.kind == "b":
                 y_dtype = np.dtype("int8")
             y = ddf[t].to_dask_array(lengths=lengths)
-            y = y.map_blocks(_as_dtype, y_dtype, dtype=y_dtype).rechunk((chunk_rows,))
+            y = y.map_blocks(_as_dtype, y_dtype, path, [t], dtype=y_dtype).rechunk((chunk_rows,))
         with atomic_store(out, overwrite) as group:
             targets, sources = [], []
             for name, a in (("X", X), ("y", y)):
@@ -371,7 +376,29 @@ def _is_numpy_dtype(dt: Any) -> bool:
     return True
 
 
-def _as_dtype(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A partition as ``dtype``; NaN (missing values) stay NaN for float ``dtype``
-    and are caught by the fit's input check."""
-    return np.asarray(block).astype(dtype, copy=False)
+def _as_dtype(block: np.ndarray, dtype: np.dtype, path: str, columns: list[str],
+              block_info: dict | None = None) -> np.ndarray:
+    """A partition as ``dtype``, refusing missing values (NaN, empty CSV fields,
+    Parquet nulls) and infinities as the serial CSV reader does: written into
+    the store they would only stop a fit later, and turn predictions and
+    scores into NaN."""
+    block = np.asarray(block)
+    _refuse_missing(block, columns, block_info[0]["array-location"][0][0] if block_info else 0,
+                    path)
+    return block.astype(dtype, copy=False)
+
+
+def _refuse_missing(block: np.ndarray, columns: list[str], start: int, path: str) -> None:
+    """IngestError naming the column and data row of the first NaN / infinity."""
+    from dkernel.data.ingest import IngestError
+
+    if block.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(block)
+    if bad.any():
+        row, col = (np.argwhere(bad)[0].tolist() + [0])[:2]
+        rows = int(bad.reshape(len(bad), -1).any(axis=1).sum())
+        raise IngestError(
+            f"{path}: missing or non-finite value in column {columns[col]!r} at data row "
+            f"{start + row} ({rows} such row(s) in its part); drop or impute missing values "
+            "before ingesting")

@@ -22,8 +22,9 @@ def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
         )
 
 
-def check_finite_chunk(block: Any, name: str, row_offset: int) -> None:
-    """Raise if a chunk holds NaN or infinity, naming the first bad global row."""
+def check_finite_chunk(block: Any, name: str, row_offset: int, action: str = "fitting") -> None:
+    """Raise if a chunk holds NaN or infinity, naming the first bad global row
+    (the message ends "drop or impute those rows before ``action``")."""
     xp = namespace(block)
     if block.dtype.kind != "f":
         return
@@ -34,7 +35,7 @@ def check_finite_chunk(block: Any, name: str, row_offset: int) -> None:
     raise ValueError(
         f"{name} contains NaN or infinity in {rows.size} row(s) of the chunk starting at "
         f"row {row_offset} (first bad row: {row_offset + int(rows[0])}); "
-        f"drop or impute those rows before fitting"
+        f"drop or impute those rows before {action}"
     )
 
 

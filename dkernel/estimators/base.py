@@ -8,6 +8,7 @@ import copy
 import inspect
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import dask
@@ -21,7 +22,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
-from dkernel.data.validate import check_positive
+from dkernel.data.validate import check_finite_chunk, check_positive
 from dkernel.engine import EngineOptions
 from dkernel.kernels import median_heuristic
 from dkernel.kernels.exact import check_kernel
@@ -495,12 +496,23 @@ def graph_value(value: dict) -> Any:
     return dask.delayed(value, pure=True)
 
 
+def _finite_then(fn: Callable[[Any], Any], Xb: Any, block_info: dict | None = None) -> Any:
+    start = block_info[0]["array-location"][0][0] if block_info else 0
+    check_finite_chunk(Xb, "X", int(start), "predicting")
+    return fn(Xb)
+
+
 def apply_rows(fn: Callable[[Any], Any], X: Any, n_out: int | None, dtype: Any,
                tile_rows: int = 4096) -> Any:
-    """Apply a row-wise function: lazily (map_blocks) on dask input, tile by tile on NumPy."""
+    """Apply a row-wise function: lazily (map_blocks) on dask input, tile by tile on NumPy.
+
+    Lazy blocks are checked for NaN / infinity first (NumPy input was checked
+    when it was opened): a store's bad row stops the prediction with its
+    number instead of turning into a NaN prediction or score."""
     if isinstance(X, da.Array):
         if len(X.chunks[1]) > 1:
             X = X.rechunk({1: -1})
+        fn = partial(_finite_then, fn)
         if n_out is None:
             return X.map_blocks(fn, drop_axis=1, dtype=dtype)
         return X.map_blocks(fn, chunks=(X.chunks[0], (n_out,)), dtype=dtype)
