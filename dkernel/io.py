@@ -117,6 +117,9 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
     try:
+        # mkstemp's file is 0600; a model is a file like any other (readable by the
+        # pods and users the umask lets read it), so it gets open()'s mode
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -126,6 +129,21 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (setting
+    and restoring it would briefly give files made by other threads mode 0666)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:

@@ -79,15 +79,18 @@ def learning_curve(model: Any, ax: Any = None) -> Any:
             "models saved by older dkernel versions have none: refit to get one"
         )
     ax = _new_axes(ax)
-    epochs = np.array([e["epoch"] for e in history])
+    # EigenPro's all-rows (FALKON) solve records conjugate-gradient iterations
+    xkey = "epoch" if "epoch" in history[0] else "iteration"
+    epochs = np.array([e[xkey] for e in history])
     series = _series(history)
+    series.pop(xkey, None)
     left = [k for k in series if k != "validation_score"]
     colors = iter(["C0", "C2", "C3", "C4"])
     handles = []
     for key in left:
         label = "training loss" if key == "loss" else _OBJECTIVES.get(key, key.replace("_", " "))
         handles += ax.plot(epochs, series[key], "o-", color=next(colors), label=label)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel("epoch" if xkey == "epoch" else "conjugate-gradient iteration")
     if left:
         ax.set_ylabel(", ".join(h.get_label() for h in handles))
         if "loss" in left and _positive(series["loss"]) and _spread(series["loss"]) > 10:

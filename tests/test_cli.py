@@ -118,6 +118,30 @@ def test_demo_runs_the_main_job_end_to_end(client, tmp_path, capsys):
     assert acc >= SVC(gamma=1 / (2 * 2.0**2)).fit(X, y).score(Xt, yt) - 0.05
 
 
+def test_demo_prints_commands_that_remake_its_model_and_keeps_progress_off_stdout(client,
+                                                                                   tmp_path,
+                                                                                   capsys):
+    # the printed fit lacked --seed (another model), and the [1/4]..[3/4] lines
+    # went to stdout even with --quiet
+    import shlex
+
+    folder = tmp_path / "demo"
+    assert main(["demo", "--out", str(folder), "--rows", "2000", "--features", "256",
+                 "--epochs", "2", "--seed", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "[1/4]" in captured.err and "[1/4]" not in captured.out
+    fit = next(line for line in captured.out.splitlines() if "dkernel fit" in line)
+    argv = shlex.split(fit)[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "again.npz")
+    assert main([*argv, "--quiet"]) == 0
+    assert np.array_equal(load_model(tmp_path / "again.npz").coef_,
+                          load_model(folder / "model.npz").coef_)
+    assert main(["demo", "--out", str(folder), "--rows", "2000", "--features", "256",
+                 "--epochs", "1", "--overwrite", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "[4/4]" in captured.out
+
+
 def test_console_script_errors_have_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "dkernel", "info", str(tmp_path / "nope.zarr")],
@@ -447,6 +471,33 @@ def test_a_store_row_with_nan_stops_predict_and_evaluate_naming_the_row(labelled
     _fails(capsys, ["predict", labelled["model"], bad, "--out",
                     str(labelled["dir"] / "p.zarr")], "first bad row: 257")
     assert not (labelled["dir"] / "p.zarr").exists()
+
+
+def test_model_and_checkpoint_files_get_the_mode_the_umask_gives_any_file(tmp_path):
+    # they were 0600 (tempfile's), unreadable by the other pods or users of a shared volume
+    import os
+
+    from dkernel.io import write_npz_atomic
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "m.npz"
+        write_npz_atomic(str(path), {"a": np.zeros(2)}, {})
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"")
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == os.stat(plain).st_mode & 0o777 == 0o644
+
+
+def test_resume_without_a_checkpoint_says_it_starts_from_the_first_step(labelled, capsys):
+    # a mistyped --checkpoint path restarted a long fit without a word
+    out = labelled["dir"] / "fresh.npz"
+    missing = labelled["dir"] / "typo.ckpt.npz"
+    assert main(["fit", labelled["train"], "--features", "64", "--epochs", "1", "--resume",
+                 "--checkpoint", str(missing), "--out", str(out)]) == 0
+    assert f"--resume: no checkpoint at {missing}; starting from the first step" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message",

@@ -380,7 +380,8 @@ def test_settings_that_do_not_apply_to_the_chosen_route_are_refused(client, tmp_
     with pytest.raises(ValueError, match="checkpoints are written by the SGD iteration"):
         EigenProRegressor(n_centers=50, checkpoint=str(tmp_path / "c.npz"), checkpoint_every=1,
                           client=client).fit(X, y)
-    with pytest.warns(UserWarning, match="q, batch_size set the SGD iteration"):
+    # (a warning before: an ignored setting is refused, as alpha is above)
+    with pytest.raises(ValueError, match="q, batch_size set the SGD iteration.*drop them"):
         EigenProRegressor(n_centers=50, q=5, batch_size=10, n_epochs=2, client=client).fit(X, y)
 
 

@@ -146,6 +146,20 @@ def test_plot_says_what_is_missing():
         learning_curve(DSGClassifier())
 
 
+def test_the_all_rows_solve_plots_its_conjugate_gradient_iterations(client):
+    # its history counts CG iterations, not epochs: plotting it raised KeyError 'epoch'
+    pytest.importorskip("matplotlib", reason="dkernel.plot needs the plot extra (matplotlib)")
+    from dkernel import EigenProRegressor
+    from dkernel.plot import learning_curve
+
+    X, y = make_dai_ridge(1500, 3)
+    m = EigenProRegressor(n_centers=300, n_epochs=3, client=client).fit(X, y)
+    assert "iteration" in m.history_[0] and "epoch" not in m.history_[0]
+    ax = learning_curve(m)
+    assert ax.get_xlabel() == "conjugate-gradient iteration"
+    assert ax.get_lines()[0].get_xdata().tolist() == [e["iteration"] for e in m.history_]
+
+
 def test_scan_estimators_record_one_entry_per_pass(client):
     X, y, _ = make_sphere_polynomial(2000, d=3, degree=3, random_state=0)
     sph = SphereRegressor(theta=0.5, n_epochs=2, client=client).fit(X, y)

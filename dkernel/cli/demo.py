@@ -19,6 +19,7 @@ from dkernel.cli.common import (
     check_output,
     cluster_options,
     emit,
+    status,
 )
 
 
@@ -48,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     for path in (train, test, model_path):
         check_output(path, args.overwrite)
     os.makedirs(args.out, exist_ok=True)
-    say = (lambda msg: None) if args.json else print  # --json: stdout holds only the result
+    def say(message: str) -> None:  # progress: stderr, dropped by --quiet
+        status(args, message)
+
     with connect(**cluster_options(args)) as client:
         say(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
             f"{client.scheduler.address}")
@@ -73,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
         emit(args, {"model": model_path, "train": train, "test": test,
                     "seconds": time.perf_counter() - t0, **result})
         return 0
-    say(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
-    say("The same with individual commands:\n"
+    # the result, on stdout (as emit prints it): the model and the commands that remake it
+    print(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
+    print("The same with individual commands:\n"
           f"  dkernel fit {train} --solver dsg --task classification --bandwidth 2 "
-          f"--features {args.features} --epochs {args.epochs} "
+          f"--features {args.features} --epochs {args.epochs} --seed {args.seed} "
           f"--out {model_path}\n"
           f"  dkernel evaluate {model_path} {test} --json")
     return 0

@@ -425,7 +425,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.engine import connect
-    from dkernel.io import remove_file
+    from dkernel.io import file_exists, remove_file
 
     if args.solver not in SOLVERS:
         raise ValueError(
@@ -447,6 +447,10 @@ def run(args: argparse.Namespace) -> int:
         est.set_params(
             checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume
         )
+    if args.resume:
+        # a mistyped path must not pass for a resumed fit: say which it is
+        status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
+               f"--resume: no checkpoint at {checkpoint}; starting from the first step")
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster

@@ -73,7 +73,8 @@ _DOC_PARAMS = """
         Kernel scale; "auto" is the median heuristic on a sample of rows.
     n_features : int, default=4096
         Size D of the feature pool: after D / block_size steps, existing seeds
-        are revisited (block-coordinate SGD on a fixed pool).
+        are revisited (block-coordinate SGD on a fixed pool).  Rounded up to
+        whole blocks; the pool's size is ``n_features_``.
     block_size : int, default=256
         Features B drawn per step (one seed).
     alpha : float, default=1e-6

@@ -329,10 +329,12 @@ class _EigenProBase(BaseEstimator):
         iteration = one pass over every row."""
         n = data.n_rows
         given = [name for name in _SGD_ONLY if getattr(self, name) is not None]
-        if given:
-            warnings.warn(f"{', '.join(given)} set the SGD iteration used when every row is a "
-                          f"center; with n_centers={p} < {n} rows the fit is a conjugate-gradient "
-                          "solve over all rows and ignores them", UserWarning, stacklevel=4)
+        if given:  # refused, as alpha is on the other route: a setting is used or refused
+            raise ValueError(
+                f"{', '.join(given)} set the SGD iteration used when every row is a center; with "
+                f"n_centers={p} < {n} rows the fit is a conjugate-gradient solve over all rows, "
+                f"which has no use for them: drop them, or set n_centers={n} (every row a "
+                "center) for the SGD iteration")
         if self.checkpoint is not None and (self.checkpoint_every or self.resume):
             raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); "
                              f"the all-rows solve (n_centers={p} < {n} rows) runs "
