@@ -10,7 +10,7 @@ from disk, and its rows/s (rows / whole fit time, preconditioner and bandwidth
 included) is printed as a percentage of that ceiling, with the held-out R^2
 so that speed is never bought with a broken model.
 
-    python benchmarks/throughput.py                        # 2M x 32 store, 2 workers, then 1
+    python benchmarks/throughput.py              # 2M x 32 store; 2 workers and 1, two rounds
     python benchmarks/throughput.py --repeat 1             # one timed fit each (quicker, noisier)
     python benchmarks/throughput.py --rows 200000 --workers 2
     python benchmarks/throughput.py --solvers dsg --no-single
@@ -252,12 +252,17 @@ def main() -> None:
     p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="one-class's local_steps (1: one synchronous step a round, as before)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of both cluster sizes, back to back in alternating order; "
+                        "the 2/1-worker ratios are the median of the rounds'")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed fits per solver and cluster size; rows/s from their median "
                         "(this VM's speed drifts by 20-30%% within minutes)")
     p.add_argument("--precond-rows", type=int, nargs="*", default=[1_000_000, 10_000_000],
                    help="store sizes on which to time EigenPro-RF's preconditioner alone")
     args = p.parse_args()
+    if args.rounds < 1 or args.repeat < 1:
+        p.error(f"--rounds {args.rounds} / --repeat {args.repeat}: both must be at least 1")
 
     import numpy as np
 
@@ -274,21 +279,41 @@ def main() -> None:
 
     g = zarr.open_group(store, mode="r")
     stored = sum(g[k].nbytes_stored() for k in ("X", "y"))
-    results = {"settings": vars(args), "bytes_read_per_row": stored / args.rows,
-               "runs": [run(args.workers, args, store, test)]}
+    results = {"settings": vars(args), "bytes_read_per_row": stored / args.rows, "runs": []}
     print(f"bytes read per row (X and y as stored): {results['bytes_read_per_row']:.1f}")
-    if not args.no_single and args.workers > 1:
-        results["runs"].append(run(1, args, store, test))
-        multi, single = results["runs"]
-        results["scaling"] = {k: multi[k]["rows_per_s"] / single[k]["rows_per_s"]
-                              for k in args.solvers}
-        # the bound on that ratio: what the same workers compute with no
-        # coordination at all -- 1.70 to 2.12 in four runs on a 2-core VM
-        # whose speed drifts, so a fit's ratio is read against it
-        results["ceiling_scaling"] = multi["ceiling_rows_per_s"] / single["ceiling_rows_per_s"]
-        print(f"ceiling: {args.workers} workers / 1 worker = {results['ceiling_scaling']:.2f}")
+    if args.no_single or args.workers == 1:
+        results["runs"].append(run(args.workers, args, store, test))
+    else:
+        # Rounds of both cluster sizes, back to back, the order alternating
+        # (W 1, 1 W, W 1, ...): this VM's speed drifts by 20-30% over minutes,
+        # and one block of W-worker fits followed by one of 1-worker fits (the
+        # earlier protocol) read that drift as scaling.  A steady drift moves
+        # the two orders' ratios in opposite directions, so the median of the
+        # rounds (with two, their mean) cancels it.  The ceiling's own ratio,
+        # what the same workers compute with no coordination at all, is the
+        # bound a fit's ratio is read against (1.31 to 2.49 in single runs).
+        ratios: dict[str, list[float]] = {k: [] for k in [*args.solvers, "ceiling"]}
+        for r in range(args.rounds):
+            sizes = (args.workers, 1) if r % 2 == 0 else (1, args.workers)
+            by_size = {}
+            for n in sizes:
+                by_size[n] = run(n, args, store, test)
+                by_size[n]["round"] = r
+                results["runs"].append(by_size[n])
+            multi, single = by_size[args.workers], by_size[1]
+            for k in args.solvers:
+                ratios[k].append(multi[k]["rows_per_s"] / single[k]["rows_per_s"])
+            ratios["ceiling"].append(multi["ceiling_rows_per_s"] / single["ceiling_rows_per_s"])
+            print(f"round {r + 1} ({sizes[0]} then {sizes[1]} workers): "
+                  + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ratios.items()), flush=True)
+        results["scaling_rounds"] = ratios
+        results["scaling"] = {k: statistics.median(ratios[k]) for k in args.solvers}
+        results["ceiling_scaling"] = statistics.median(ratios["ceiling"])
+        print(f"ceiling: {args.workers} workers / 1 worker = {results['ceiling_scaling']:.2f} "
+              f"(median of {args.rounds} rounds)")
         for k, v in results["scaling"].items():
-            print(f"{k}: {args.workers} workers / 1 worker rows/s = {v:.2f} "
+            print(f"{k}: {args.workers} workers / 1 worker rows/s = {v:.2f}, the median of "
+                  f"{' '.join(f'{x:.2f}' for x in ratios[k])} "
                   f"({v / results['ceiling_scaling']:.2f} of the ceiling's ratio)")
     if args.precond_rows:
         from distributed import Client
