@@ -252,15 +252,19 @@ def main() -> None:
     p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="one-class's local_steps (1: one synchronous step a round, as before)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="rounds of both cluster sizes, back to back in alternating order; "
-                        "the 2/1-worker ratios are the median of the rounds'")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of both cluster sizes, back to back in alternating order "
+                        "(default 2); the 2/1-worker ratios are the median of the rounds'")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed fits per solver and cluster size; rows/s from their median "
                         "(this VM's speed drifts by 20-30%% within minutes)")
     p.add_argument("--precond-rows", type=int, nargs="*", default=[1_000_000, 10_000_000],
                    help="store sizes on which to time EigenPro-RF's preconditioner alone")
     args = p.parse_args()
+    single_size = args.no_single or args.workers == 1
+    if args.rounds is not None and single_size:
+        p.error("--rounds compares two cluster sizes; drop it with --no-single or --workers 1")
+    args.rounds = 2 if args.rounds is None else args.rounds
     if args.rounds < 1 or args.repeat < 1:
         p.error(f"--rounds {args.rounds} / --repeat {args.repeat}: both must be at least 1")
 
@@ -281,7 +285,7 @@ def main() -> None:
     stored = sum(g[k].nbytes_stored() for k in ("X", "y"))
     results = {"settings": vars(args), "bytes_read_per_row": stored / args.rows, "runs": []}
     print(f"bytes read per row (X and y as stored): {results['bytes_read_per_row']:.1f}")
-    if args.no_single or args.workers == 1:
+    if single_size:
         results["runs"].append(run(args.workers, args, store, test))
     else:
         # Rounds of both cluster sizes, back to back, the order alternating
