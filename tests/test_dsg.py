@@ -325,6 +325,40 @@ def test_score_follows_scikit_learn_on_multi_output_and_on_targets_that_are_not_
     with pytest.raises(ValueError, match="same kind"):
         c.score(X, np.where(yc == 1, "1", "0"))
     assert c.score(X, yc) > 0.9
+    # a lazy y is checked in the same pass: NaN labels counted as wrong (0.374)
+    bad = da.from_array(np.where(np.arange(2000) % 7 == 0, np.nan, yc), chunks=500)
+    with pytest.raises(ValueError, match="286 value"):
+        c.score(da.from_array(X, chunks=(500, 3)), bad)
+    assert c.score(da.from_array(X, chunks=(500, 3)), da.from_array(yc.astype(float), chunks=500)) \
+        == pytest.approx(c.score(X, yc))
+
+
+def test_a_score_says_whether_y_or_the_predictions_are_not_finite():
+    # a diverged model's NaN predictions were reported as "y contains NaN"
+    from dkernel.estimators.base import r2_score_any
+
+    y = np.array([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="predictions contain NaN"):
+        r2_score_any(y, np.array([1.0, np.nan, 3.0]))
+    with pytest.raises(ValueError, match="y contains NaN"):
+        r2_score_any(np.array([1.0, np.nan, 3.0]), y)
+
+
+# alpha = 10 puts the ridge solution near zero, no better than the mean: the
+# fit's FitQualityWarning says so, rightly
+@pytest.mark.filterwarnings("ignore::dkernel.FitQualityWarning")
+def test_step_size_one_over_alpha_zeroes_the_old_blocks_instead_of_dividing_by_zero(client):
+    # Dai's schedule starts at gamma_0 nu = 1: old blocks *= 1 - 1 = 0, and the
+    # block scale became 0 in a division (inf, then NaN, a back-off, a worse model)
+    X, y = make_dai_ridge(2000, 3)
+    kw = dict(alpha=10.0, step_decay=1.0, preconditioner=None, n_features=512, n_epochs=1,
+              client=client)
+    for average in (False, True):
+        exact = DSGRegressor(step_size=0.1, average=average, **kw).fit(X, y)
+        near = DSGRegressor(step_size=0.1 * (1 - 1e-9), average=average, **kw).fit(X, y)
+        assert not exact.step_backoffs_ and np.isfinite(exact.coef_).all()
+        # the model is continuous in the step: 1e-9 below 1 / alpha gives the same fit
+        np.testing.assert_allclose(exact.predict(X), near.predict(X), rtol=1e-4, atol=1e-6)
 
 
 def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(client):

@@ -75,6 +75,21 @@ def test_dsg_regressor_validation_score_is_r2_and_history_survives_save(client, 
     assert back.validation_scores_ == m.validation_scores_
 
 
+def test_validation_r2_of_a_target_with_a_large_mean_is_the_models_r2(client):
+    # SS_tot came from sum y^2 - (sum y)^2 / n, which cancels when y's mean is large
+    # against its spread: y + 1e8 read 0.92 where y read 0.745 (the fit itself is
+    # centred in float64, so the model is the same)
+    X, y = make_dai_ridge(1500, 2)
+    y = np.asarray(y, dtype=np.float64)  # float32 would round y + 1e8 to multiples of 8
+    kw = dict(bandwidth=1.0, n_features=256, n_epochs=3, early_stopping=True,
+              n_iter_no_change=5, client=client)
+    plain = DSGRegressor(**kw).fit(X, y)
+    shifted = DSGRegressor(**kw).fit(X, y + 1e8)
+    np.testing.assert_allclose(shifted.validation_scores_, plain.validation_scores_, atol=1e-3)
+    Xv, yv = _validation_rows(X, y, 0.1, 0)
+    assert shifted.score(Xv, yv + 1e8) == pytest.approx(max(shifted.validation_scores_), abs=1e-4)
+
+
 def test_without_early_stopping_every_epoch_runs_and_no_rows_are_held_out(client):
     X, y = make_blobs_classification(1200, 4)
     m = DSGClassifier(bandwidth=2.0, n_features=256, n_epochs=3, client=client).fit(X, y)

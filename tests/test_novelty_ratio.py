@@ -119,6 +119,14 @@ def test_density_ratio_rejects_samples_of_different_width():
         DSGDensityRatio().fit(np.zeros((5, 2)), np.zeros((5, 3)))
 
 
+def test_a_nan_in_the_denominator_sample_is_named_by_row_as_in_the_numerator(client):
+    # X_denominator went through scikit-learn's check and got its generic message
+    Xp, Xq = _two_blobs(300, 2), _two_blobs(300, 2) + 0.5
+    Xq[5, 1] = np.nan
+    with pytest.raises(ValueError, match="first bad row: 5"):
+        DSGDensityRatio(n_features=64, n_epochs=1, client=client).fit(Xp, Xq)
+
+
 def test_one_class_rejects_nu_outside_0_1():
     with pytest.raises(ValueError, match="nu must be in"):
         DSGOneClassSVM(nu=1.5).fit(np.zeros((5, 2)))

@@ -349,12 +349,15 @@ def validate_fit_input(est: Any, X: Any, y: Any = None, *, target: str,
     return X, y, labels
 
 
-def validate_predict_input(est: Any, X: Any, name: str = "X") -> Any:
+def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = True) -> Any:
     """X for predict / transform: in-memory input checked by scikit-learn against the
-    fitted width and column names; dask arrays and store paths stay lazy."""
+    fitted width and column names; dask arrays and store paths stay lazy.
+    ``finite=False`` leaves NaN / infinity to :func:`open_dataset`, whose error
+    names the first bad row (for a second sample a fit reads, not a prediction)."""
     check_not_sparse(X, name)
     if is_in_memory(X):
-        return validate_data(est, X, reset=False, accept_sparse=False, dtype=_FLOAT_DTYPES)
+        return validate_data(est, X, reset=False, accept_sparse=False, dtype=_FLOAT_DTYPES,
+                             ensure_all_finite=finite)
     return check_predict_input(X, est.n_features_in_, name)
 
 
@@ -380,20 +383,35 @@ def _as_targets(y: Any, p: Any) -> Any:
     return y
 
 
-def r2_score_any(y: Any, p: Any) -> float:
-    """R^2 = 1 - SS_res / SS_tot of each output, averaged over the outputs as
-    scikit-learn's ``r2_score`` (``RegressorMixin.score``) does, a constant
-    output scoring 1 when predicted exactly and 0 otherwise; lazy inputs are
-    reduced on the cluster."""
+def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(SS_res, SS_tot) of each output, in one pass for lazy inputs (reduced on
+    the cluster); a non-finite sum stops with the input it came from named."""
     y = _as_targets(y, p).astype(np.float64)
     ss_res = ((y - p) ** 2).sum(axis=0)
     ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
     if isinstance(ss_res, da.Array):
         ss_res, ss_tot = da.compute(ss_res, ss_tot)
     ss_res, ss_tot = np.atleast_1d(ss_res), np.atleast_1d(ss_tot)
-    if not (np.isfinite(ss_res).all() and np.isfinite(ss_tot).all()):
+    if not np.isfinite(ss_tot).all():
         raise ValueError("y contains NaN or infinity (or its values overflow float64); drop "
                          "those rows before scoring")
+    if not np.isfinite(ss_res).all():
+        raise ValueError("the predictions contain NaN or infinity (or overflow float64 against "
+                         "y): the model is not usable; refit it (its step_backoffs_ and "
+                         "history_ show whether the fit diverged)")
+    return ss_res, ss_tot
+
+
+def r2_score_any(y: Any, p: Any) -> float:
+    """R^2 = 1 - SS_res / SS_tot of each output, averaged over the outputs as
+    scikit-learn's ``r2_score`` (``RegressorMixin.score``) does, a constant
+    output scoring 1 when predicted exactly and 0 otherwise; lazy inputs are
+    reduced on the cluster."""
+    return r2_from_sums(*r2_sums(y, p))
+
+
+def r2_from_sums(ss_res: np.ndarray, ss_tot: np.ndarray) -> float:
+    """R^2 averaged over outputs from :func:`r2_sums`."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r2 = np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.where(ss_res == 0, 1.0, 0.0))
     return float(np.mean(r2))
@@ -408,7 +426,20 @@ def accuracy_any(y: Any, p: Any, classes: Any = None) -> float:
     if classes is not None:
         _check_score_labels(y, np.asarray(classes))
     acc = (p == y).mean()
-    return float(acc.compute() if isinstance(acc, da.Array) else acc)
+    if not isinstance(acc, da.Array):
+        return float(acc)
+    if classes is None or y.dtype.kind != "f":
+        return float(acc.compute())
+    # a lazy y is checked in the same pass: NaN, infinity or a fraction outside
+    # the classes only ever counted as a wrong prediction (NaN rows scored 0.37)
+    odd = (~da.isin(y, np.asarray(classes)) & ((y != da.floor(y)) | ~da.isfinite(y))).sum()
+    acc, odd = da.compute(acc, odd)
+    if odd:
+        raise ValueError(
+            f"y holds {int(odd)} value(s) that are no label (NaN, infinity, or fractions outside "
+            f"the classes {np.asarray(classes).tolist()[:10]}); drop those rows, or score "
+            "a continuous target with a regressor")
+    return float(acc)
 
 
 def _check_score_labels(y: Any, classes: np.ndarray) -> None:

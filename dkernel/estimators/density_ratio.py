@@ -89,7 +89,8 @@ class DSGDensityRatio(PoolEstimator):
             if width and width[0] != self.n_features_in_:
                 raise ValueError(f"X_numerator has {self.n_features_in_} columns but X_denominator "
                                  f"has {width[0]}; both samples must have the same features")
-            X_denominator = validate_predict_input(self, X_denominator, "X_denominator")
+            X_denominator = validate_predict_input(self, X_denominator, "X_denominator",
+                                                   finite=False)
         data, n_p, n_q = _two_samples(X_numerator, X_denominator, self.random_state_)
         n = n_p + n_q
         alpha = float(self.alpha)

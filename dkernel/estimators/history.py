@@ -76,8 +76,10 @@ def _validation_partial(payload: dict, X: Any, y: Any) -> dict:
             (scores_to_labels(f, payload["classes"]) == np.asarray(y).reshape(-1)).sum()
         )
         return out
-    f = f + payload["offset"]
-    Y = np.asarray(y, dtype=np.float64).reshape(f.shape)
+    # y less the training mean (the predictions' offset): the sums below give
+    # SS_tot = sum y^2 - (sum y)^2 / n, which cancels to noise when y's mean is
+    # large against its spread (y + 1e8 read R^2 0.92 where y read 0.745)
+    Y = np.asarray(y, dtype=np.float64).reshape(f.shape) - payload["offset"]
     out.update(sq=((f - Y) ** 2).sum(axis=0), y_sum=Y.sum(axis=0), y_sq=(Y * Y).sum(axis=0))
     return out
 

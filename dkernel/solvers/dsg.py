@@ -233,7 +233,16 @@ class DSGProgram(StepProgram):
             coef += delta
             avg = self._accumulate(state, delta, slice(None), 1.0) if self.average else {}
             return {**state, "coef": coef, "scale": 1.0, **avg}
-        scale = state["scale"] * (1.0 - gamma * self.alpha)
+        shrink = 1.0 - gamma * self.alpha  # Dai et al. Alg. 1: old blocks *= (1 - gamma_t nu)
+        if shrink == 0.0:
+            # gamma_t nu = 1 (Dai's step_size = 1 / alpha at t = 0): every older block is
+            # zeroed, and the scale would be 0 in the division below (inf, then NaN)
+            if self.average:  # bank the sum so far, as when the scale is folded in
+                state = {**state, "avg_bank": state["avg_bank"] + state["avg_P"] * coef
+                         - state["avg_A"], "avg_P": 0.0, "avg_A": np.zeros_like(coef)}
+            coef[:] = 0.0
+            state, shrink = {**state, "scale": 1.0}, 1.0
+        scale = state["scale"] * shrink
         i = step % self.n_blocks
         rows = slice(i * B, (i + 1) * B)
         delta = -(gamma / B) * (total["grad"] / m) / scale
