@@ -118,8 +118,13 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
     try:
         # mkstemp's file is 0600; a model is a file like any other (readable by the
-        # pods and users the umask lets read it), so it gets open()'s mode
-        os.fchmod(fd, 0o666 & ~_umask())
+        # pods and users the umask lets read it), so it gets open()'s mode -- or,
+        # replacing a file, that file's own (an operator's chmod 0640 is kept)
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

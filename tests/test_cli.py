@@ -95,6 +95,31 @@ def test_regression_evaluate_reports_mse(client, tmp_path, capsys):
     assert set(result) == {"mse", "r2"} and result["r2"] > 0.5
 
 
+def test_evaluate_predicts_each_row_once(client, monkeypatch):
+    # the MSE was a second reduction over the lazy predictions: every row's
+    # features were generated twice
+    import dask
+    import dask.array as da
+
+    from dkernel import DSGRegressor
+    from dkernel.cli.predict import metrics
+    from dkernel.features import FeatureMap
+
+    X, y = make_dai_ridge(2000, 2)
+    m = DSGRegressor(bandwidth=1.0, n_features=256, n_epochs=1, client=client).fit(X, y)
+    Xd, yd = da.from_array(X, chunks=(500, 2)), da.from_array(np.asarray(y), chunks=500)
+    calls = []
+    real = FeatureMap.blocks
+    monkeypatch.setattr(FeatureMap, "blocks", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with dask.config.set(scheduler="sync"):  # counted in this process
+        pred = m.predict(Xd).compute()
+        once = len(calls)
+        result = metrics(m, Xd, yd)
+    assert once > 0 and len(calls) == 2 * once
+    assert result["mse"] == pytest.approx(float(np.mean((pred - y) ** 2)), rel=1e-9)
+    assert result["r2"] == pytest.approx(m.score(X, y), rel=1e-9)
+
+
 def _arrays(store) -> tuple[np.ndarray, np.ndarray]:
     g = zarr.open_group(str(store), mode="r")
     return g["X"][:], g["y"][:]
@@ -488,6 +513,10 @@ def test_model_and_checkpoint_files_get_the_mode_the_umask_gives_any_file(tmp_pa
     finally:
         os.umask(old)
     assert os.stat(path).st_mode & 0o777 == os.stat(plain).st_mode & 0o777 == 0o644
+    # a file replaced keeps its own mode: one an operator restricted is not widened
+    os.chmod(path, 0o640)
+    write_npz_atomic(str(path), {"a": np.ones(2)}, {})
+    assert os.stat(path).st_mode & 0o777 == 0o640
 
 
 def test_resume_without_a_checkpoint_says_it_starts_from_the_first_step(labelled, capsys):
@@ -507,3 +536,20 @@ def test_ingest_fashion_mnist_refuses_options_it_does_not_honour(tmp_path, capsy
     # both were accepted and ignored (float32 written for --dtype float64)
     _fails(capsys, ["ingest", "fashion-mnist", "--out", str(tmp_path / "fm"), *extra], message)
     assert not (tmp_path / "fm").exists()
+
+
+@pytest.mark.parametrize("extra", [["--workers", "0"], ["--scheduler", "tcp://127.0.0.1:1"],
+                                   ["--tls-cert", "/nonexistent.pem"]])
+def test_serial_ingest_refuses_cluster_flags_it_would_ignore(tmp_path, capsys, extra):
+    # npy, idx and small CSV / libsvm files are read and written in this process:
+    # --workers 0, --scheduler and --tls-* passed there with exit 0
+    X, y = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(X, np.zeros((10, 2), np.float32))
+    np.save(y, np.zeros(10, np.float32))
+    _fails(capsys, ["ingest", str(X), "--labels", str(y), "--out", str(tmp_path / "s.zarr"),
+                    *extra], "is read and written in this process")
+    assert not (tmp_path / "s.zarr").exists()
+    csv = tmp_path / "d.csv"
+    csv.write_text("1,2,3\n4,5,6\n")
+    _fails(capsys, ["ingest", str(csv), "--out", str(tmp_path / "c.zarr"), *extra],
+           "this csv input is read and written in this process")

@@ -285,3 +285,27 @@ def test_a_cluster_without_workers_is_waited_for_then_refused_in_one_line(monkey
         threading.Timer(1.0, cluster.scale, args=(1,)).start()
         m = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
         assert m.lanes_ == 1 and np.isfinite(m.predict(X)).all()
+
+
+def test_a_worker_timeout_of_zero_refuses_at_once_and_a_bad_one_is_named(monkeypatch):
+    # distributed reads wait_for_workers(timeout=0) as no deadline: "0" waited for
+    # ever; "junk" and "-3" failed inside float() / distributed's parse_timedelta
+    import time
+
+    from dkernel.engine.cluster import require_workers
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "0")
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match="has had no workers for 0 s"):
+            require_workers(client)
+        assert time.perf_counter() - t0 < 5
+        for bad in ("junk", "-3", "nan", "inf"):
+            monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", bad)
+            with pytest.raises(ValueError, match=f"DKERNEL_WORKER_TIMEOUT='{bad}' is not a number"):
+                require_workers(client)
+        monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "0.5")
+        with pytest.raises(RuntimeError, match="no workers for 0.5 s"):
+            require_workers(client)

@@ -154,3 +154,12 @@ def test_missing_values_are_refused_on_the_workers_as_the_serial_reader_refuses_
         ingest_csv_parallel(header_only, tmp_path / "h.zarr", target="label", client=client)
     assert not any((tmp_path / n).exists() for n in ("p.zarr", "q.zarr", "h.zarr"))
     assert _leftovers(tmp_path) == []
+
+
+def test_a_value_beyond_float32_is_refused_not_written_as_infinity(client, tmp_path):
+    # the finite check ran before the cast: 1e39 passed it and became inf in the store
+    csv = tmp_path / "big.csv"
+    csv.write_text("a,b,label\n1,2,0\n3,1e39,1\n5,6,0\n")
+    with pytest.raises(IngestError, match="non-finite value in column 'b' at data row 1"):
+        ingest_csv_parallel(csv, tmp_path / "p.zarr", target="label", client=client)
+    assert not (tmp_path / "p.zarr").exists()

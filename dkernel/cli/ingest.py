@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.input == "fashion-mnist" and not os.path.exists(args.input):
         _check_options(args, "fashion-mnist")
+        _refuse_cluster_flags(args, "fashion-mnist")
         if args.format is not None:
             raise ValueError(f"--format {args.format} applies to FILE input; fashion-mnist is read "
                              "from its idx files: drop --format")
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out, args.overwrite)
         common = {"dtype": args.dtype, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
         parallel = args.parallel or (fmt in ("csv", "libsvm") and _large(args.input))
+        if fmt in ("idx", "npy") or (fmt in ("csv", "libsvm") and not parallel):
+            _refuse_cluster_flags(args, f"this {fmt} input")
         if fmt == "idx":
             ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
         elif fmt == "npy":
@@ -137,6 +140,20 @@ def run(args: argparse.Namespace) -> int:
          [f"wrote {path}: {_describe(path)}" for path in outputs])
     status(args, f"ingest took {seconds:.1f} s")
     return 0
+
+
+def _refuse_cluster_flags(args: argparse.Namespace, what: str) -> None:
+    """The cluster flags where ingest reads and writes in this process: refused,
+    not silently ignored."""
+    given = [flag for flag, value in (("--scheduler", args.scheduler), ("--workers", args.workers),
+                                      ("--tls-ca-file", args.tls_ca_file),
+                                      ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key))
+             if value is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: {what} is read and written in this process, not on Dask "
+            "workers (that takes --parallel with CSV / libsvm, Parquet, or a CSV / libsvm file "
+            "over 64 MB): drop them")
 
 
 def _check_options(args: argparse.Namespace, fmt: str) -> None:

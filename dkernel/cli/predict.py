@@ -153,16 +153,17 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
         pred = model.predict(X)
         acc = (pred == y.reshape(-1)).mean()
         return {"accuracy": float(da.compute(acc)[0])}
-    from dkernel.estimators.base import r2_score_any
+    from dkernel.estimators.base import r2_from_sums, r2_sums
 
     pred = model.predict(X)
     yv = y.astype(np.float64)
     yv = yv.reshape(pred.shape)
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
-    # refuses a y holding NaN: a NaN would not even be valid JSON
-    r2 = r2_score_any(yv, pred)
-    mse = float(da.compute(((pred - yv) ** 2).mean())[0])
-    return {"mse": mse, "r2": r2}
+    # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
+    # from the same sums: a second reduction would predict every row again.
+    ss_res, ss_tot = r2_sums(yv, pred)
+    return {"mse": float(ss_res.sum() / max(int(np.prod(pred.shape)), 1)),
+            "r2": r2_from_sums(ss_res, ss_tot)}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

@@ -382,10 +382,13 @@ def _as_dtype(block: np.ndarray, dtype: np.dtype, path: str, columns: list[str],
     Parquet nulls) and infinities as the serial CSV reader does: written into
     the store they would only stop a fit later, and turn predictions and
     scores into NaN."""
+    start = block_info[0]["array-location"][0][0] if block_info else 0
     block = np.asarray(block)
-    _refuse_missing(block, columns, block_info[0]["array-location"][0][0] if block_info else 0,
-                    path)
-    return block.astype(dtype, copy=False)
+    _refuse_missing(block, columns, start, path)  # before an integer cast hides a NaN
+    out = block.astype(dtype, copy=False)
+    if out is not block:  # and after: 1e39 is finite, and infinity in float32
+        _refuse_missing(out, columns, start, path)
+    return out
 
 
 def _refuse_missing(block: np.ndarray, columns: list[str], start: int, path: str) -> None:

@@ -4,6 +4,7 @@ current client, or (the embedded default) a new LocalCluster."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import uuid
 from collections.abc import Iterator
@@ -69,27 +70,46 @@ def _nothing() -> None:
     return None
 
 
+def worker_timeout() -> float:
+    """Seconds to wait for a first worker: ``$DKERNEL_WORKER_TIMEOUT`` if set,
+    else :data:`WORKER_TIMEOUT`; a value that is not a number of seconds >= 0
+    stops with an error naming the variable."""
+    raw = os.environ.get("DKERNEL_WORKER_TIMEOUT")
+    if raw is None:
+        return WORKER_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise ValueError(f"DKERNEL_WORKER_TIMEOUT={raw!r} is not a number of seconds >= 0; "
+                         f"set it to e.g. {WORKER_TIMEOUT:g} (0: do not wait)")
+    return value
+
+
 def require_workers(client: Client, timeout: float | None = None) -> None:
     """Return once the cluster has a worker; wait (saying so) up to ``timeout``
-    seconds (default :data:`WORKER_TIMEOUT`) when it has none, then stop with a
-    one-line error.  A pending task is left with the scheduler while waiting, so
-    an adaptive cluster scaled to zero scales up for it."""
+    seconds (default :func:`worker_timeout`; 0: not at all) when it has none,
+    then stop with a one-line error.  A pending task is left with the scheduler
+    while waiting, so an adaptive cluster scaled to zero scales up for it."""
     if client.nthreads():
         return
     if timeout is None:
-        timeout = float(os.environ.get("DKERNEL_WORKER_TIMEOUT", WORKER_TIMEOUT))
+        timeout = worker_timeout()
     address = getattr(client.scheduler, "address", None) or "the scheduler"
-    _log.warning("the Dask scheduler at %s has no workers; waiting up to %.0f s for one "
+    refusal = (f"the Dask scheduler at {address} has had no workers for {timeout:g} s; start "
+               f"workers ('dask worker {address}'), or set DKERNEL_WORKER_TIMEOUT to wait "
+               "longer")
+    if timeout <= 0:  # distributed reads a timeout of 0 as none: it would wait for ever
+        raise RuntimeError(refusal)
+    _log.warning("the Dask scheduler at %s has no workers; waiting up to %g s for one "
                  "(start workers with 'dask worker %s')", address, timeout, address)
     probe = client.submit(_nothing, pure=False,
                           key=f"dkernel-wait-for-workers-{uuid.uuid4().hex[:8]}")
     try:
         client.wait_for_workers(1, timeout=timeout)
     except TimeoutError:
-        raise RuntimeError(
-            f"the Dask scheduler at {address} has had no workers for {timeout:.0f} s; start "
-            f"workers ('dask worker {address}'), or set DKERNEL_WORKER_TIMEOUT to wait "
-            "longer") from None
+        raise RuntimeError(refusal) from None
     finally:
         probe.cancel()
 
