@@ -439,3 +439,27 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path, capsys, monkeypatch, args,
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not os.path.exists(tmp_path / "o.zarr")
+
+
+def test_serial_ingest_refuses_nan_and_values_beyond_float32_naming_the_row(tmp_path):
+    # "nan" / "inf" fields and 1e39 (finite in float64, inf in float32) were
+    # written into the store, to stop a fit later
+    from dkernel.data.ingest import IngestError, ingest_csv, ingest_npy
+
+    for text, row in (("1,2,0\n3,1e39,1\n", 1), ("1,2,0\n3,4,1\nnan,6,0\n", 2)):
+        csv = tmp_path / f"t{row}.csv"
+        csv.write_text(text)
+        with pytest.raises(IngestError, match=f"NaN or infinity in X at data row {row}"):
+            ingest_csv(csv, tmp_path / f"t{row}.zarr")
+        assert not (tmp_path / f"t{row}.zarr").exists()
+    X = np.zeros((5, 2))
+    X[3, 1] = np.inf
+    np.save(tmp_path / "x.npy", X)
+    with pytest.raises(IngestError, match="at data row 3, column 2"):
+        ingest_npy(tmp_path / "x.npy", tmp_path / "n.zarr")
+    y = np.zeros(5)
+    y[4] = np.nan
+    np.save(tmp_path / "x.npy", np.zeros((5, 2)))
+    np.save(tmp_path / "y.npy", y)
+    with pytest.raises(IngestError, match="NaN or infinity in y at data row 4"):
+        ingest_npy(tmp_path / "x.npy", tmp_path / "m.zarr", tmp_path / "y.npy")

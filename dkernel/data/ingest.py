@@ -343,6 +343,25 @@ def _ingest_one(out: PathLike, src: _Source, chunk_rows: int | None, dtype: Any,
     return os.fspath(out)
 
 
+def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: _Source) -> np.ndarray:
+    """``block`` as ``dtype``; NaN or infinity, before the cast or made by it
+    (1e39 in float32), stops the ingest naming the row: written into the store
+    it would only stop a fit later (the parallel readers refuse it the same way)."""
+    out = block.astype(dtype, copy=False)
+    for b in (block, out) if out is not block else (block,):
+        if b.dtype.kind != "f":
+            continue
+        bad = ~np.isfinite(b)
+        if bad.any():
+            row, col = (np.argwhere(bad)[0].tolist() + [0])[:2]
+            where = f", column {col + 1}" if b.ndim == 2 and name == "X" else ""
+            raise IngestError(
+                f"{src.attrs.get('source')}: NaN or infinity in {name} at data row "
+                f"{start + row}{where} (as {np.dtype(dtype)}); drop or impute missing values, "
+                "or rescale values beyond the stored type, before ingesting")
+    return out
+
+
 def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
     """Append the source's blocks to growing X / y arrays; returns the row count."""
     dtype = np.dtype(dtype)
@@ -363,10 +382,10 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
         k = Xb.shape[0]
         # Blocks are whole chunks (all but the last), so every write is chunk-aligned.
         X.resize((n + k, src.n_inputs))
-        X[n:n + k] = Xb.astype(dtype, copy=False)
+        X[n:n + k] = _finite(Xb, dtype, n, "X", src)
         if y is not None:
             y.resize((n + k, *src.y_tail))
-            y[n:n + k] = yb.astype(src.y_dtype, copy=False)
+            y[n:n + k] = _finite(yb, src.y_dtype, n, "y", src)
             if src.y_auto and k:
                 with np.errstate(invalid="ignore"):
                     whole = whole and bool(np.all(np.isfinite(yb) & (yb == np.round(yb))))
