@@ -156,6 +156,19 @@ def test_missing_values_are_refused_on_the_workers_as_the_serial_reader_refuses_
     assert _leftovers(tmp_path) == []
 
 
+def test_a_missing_value_past_the_first_part_of_a_csv_is_named_by_column(client, tmp_path):
+    # the first part types column b as integers; an empty field further down
+    # stopped ingest with dask's "Mismatched dtypes" table and its advice
+    lines = ["a,b,label"] + [f"{i},{i + 1},{i % 2}" for i in range(400)]
+    lines[300] = "5,,1"
+    csv = tmp_path / "late.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(IngestError, match="column\\(s\\) 'b' hold an empty"):
+        ingest_csv_parallel(csv, tmp_path / "p.zarr", target="label", client=client,
+                            blocksize=1000)
+    assert not (tmp_path / "p.zarr").exists()
+
+
 def test_a_value_beyond_float32_is_refused_not_written_as_infinity(client, tmp_path):
     # the finite check ran before the cast: 1e39 passed it and became inf in the store
     csv = tmp_path / "big.csv"

@@ -338,7 +338,10 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
     with connect(client, scheduler=scheduler) as c:
         # Row counts per partition (from Parquet metadata, or a parsing pass
         # for CSV): zarr chunks must start at known rows.
-        lengths = tuple(int(v) for v in c.compute(ddf.map_partitions(len)).result())
+        try:
+            lengths = tuple(int(v) for v in c.compute(ddf.map_partitions(len)).result())
+        except ValueError as exc:
+            raise _type_change(path, exc) from None
         X = ddf[x_cols].to_dask_array(lengths=lengths)
         n = int(sum(lengths))
         if n == 0:
@@ -366,6 +369,22 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
             c.gather(c.compute(stored))
             group.attrs.update(attrs)
     return os.fspath(out)
+
+
+def _type_change(path: str, exc: ValueError) -> Exception:
+    """An IngestError for dask's "Mismatched dtypes" (a column typed from the
+    file's first part meets an empty field or text further down), naming the
+    columns; any other error as it was."""
+    from dkernel.data.ingest import IngestError
+
+    text = str(exc)
+    if "Mismatched dtypes" not in text:
+        return exc
+    rows = [ln.split("|") for ln in text.splitlines() if ln.startswith("|")]
+    cols = [r[1].strip() for r in rows[1:] if len(r) > 3]  # rows[0]: the table's header
+    return IngestError(f"{path}: column(s) {', '.join(map(repr, cols)) or '?'} hold an empty "
+                       "(missing) or non-numeric value after the first part of the file; "
+                       "drop or impute missing values before ingesting")
 
 
 def _is_numpy_dtype(dt: Any) -> bool:
