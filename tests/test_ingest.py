@@ -446,12 +446,18 @@ def test_serial_ingest_refuses_nan_and_values_beyond_float32_naming_the_row(tmp_
     # written into the store, to stop a fit later
     from dkernel.data.ingest import IngestError, ingest_csv, ingest_npy
 
-    for text, row in (("1,2,0\n3,1e39,1\n", 1), ("1,2,0\n3,4,1\nnan,6,0\n", 2)):
+    for text, row in (("1,2,0\n3,1e39,1\n", 1), ("1,2,0\n3,4,1\nnan,6,0\n", 2),
+                      ("1,2,0.5\n3,4,1e39\n", 1)):
         csv = tmp_path / f"t{row}.csv"
         csv.write_text(text)
-        with pytest.raises(IngestError, match=f"NaN or infinity in X at data row {row}"):
-            ingest_csv(csv, tmp_path / f"t{row}.zarr")
+        with pytest.raises(IngestError, match=f"NaN or infinity in [Xy] at data row {row}"):
+            ingest_csv(csv, tmp_path / f"t{row}.zarr", overwrite=True)
         assert not (tmp_path / f"t{row}.zarr").exists()
+    # whole labels beyond int64 were cast to int64's minimum: float32 keeps them
+    csv = tmp_path / "huge.csv"
+    csv.write_text("1,2,0\n3,4,1e19\n")
+    y = zarr.open_group(ingest_csv(csv, tmp_path / "huge.zarr"), mode="r")["y"][:]
+    assert y.dtype == np.float32 and y[1] == np.float32(1e19)
     X = np.zeros((5, 2))
     X[3, 1] = np.inf
     np.save(tmp_path / "x.npy", X)

@@ -156,17 +156,31 @@ def test_missing_values_are_refused_on_the_workers_as_the_serial_reader_refuses_
     assert _leftovers(tmp_path) == []
 
 
-def test_a_missing_value_past_the_first_part_of_a_csv_is_named_by_column(client, tmp_path):
+def test_a_missing_value_past_the_first_part_of_a_csv_is_named_by_row(client, tmp_path):
     # the first part types column b as integers; an empty field further down
-    # stopped ingest with dask's "Mismatched dtypes" table and its advice
+    # stopped ingest with dask's "Mismatched dtypes" table and its advice, and a
+    # fraction (a valid number the serial reader takes) the same way
     lines = ["a,b,label"] + [f"{i},{i + 1},{i % 2}" for i in range(400)]
     lines[300] = "5,,1"
     csv = tmp_path / "late.csv"
     csv.write_text("\n".join(lines) + "\n")
-    with pytest.raises(IngestError, match="column\\(s\\) 'b' hold an empty"):
+    with pytest.raises(IngestError, match="missing or non-finite value in column 'b' at data "
+                                          "row 299"):
         ingest_csv_parallel(csv, tmp_path / "p.zarr", target="label", client=client,
                             blocksize=1000)
     assert not (tmp_path / "p.zarr").exists()
+    # a fraction in a column typed as integers is a number: read as the serial reader reads it
+    lines[300] = "5,6,0.5"
+    csv.write_text("\n".join(lines) + "\n")
+    out = ingest_csv_parallel(csv, tmp_path / "f.zarr", target="label", client=client,
+                              blocksize=1000)
+    y = zarr.open_group(out, mode="r")["y"][:]
+    assert y[299] == 0.5 and y[0] == 0 and len(y) == 400
+    lines[300] = "5,x,1"  # text: named, not guessed
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(IngestError, match="column\\(s\\) 'b' hold text"):
+        ingest_csv_parallel(csv, tmp_path / "t.zarr", target="label", client=client,
+                            blocksize=1000)
 
 
 def test_a_value_beyond_float32_is_refused_not_written_as_infinity(client, tmp_path):

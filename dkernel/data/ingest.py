@@ -347,7 +347,8 @@ def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: _Source) 
     """``block`` as ``dtype``; NaN or infinity, before the cast or made by it
     (1e39 in float32), stops the ingest naming the row: written into the store
     it would only stop a fit later (the parallel readers refuse it the same way)."""
-    out = block.astype(dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+        out = block.astype(dtype, copy=False)
     for b in (block, out) if out is not block else (block,):
         if b.dtype.kind != "f":
             continue
@@ -395,11 +396,11 @@ def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:
         raise IngestError(f"{src.attrs.get('source')}: no data rows; nothing to ingest")
     if y is not None and src.y_auto:
         info = np.iinfo(np.int32)
-        final = (np.dtype("float32") if not whole else
+        final = (np.dtype("float32") if not (whole and -2.0**63 <= lo and hi < 2.0**63) else
                  np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
         out = create_array(group, "y", (n, *src.y_tail), final, chunk_rows)
-        for a in range(0, n, chunk_rows):
-            out[a:a + chunk_rows] = y[a:a + chunk_rows].astype(final)
+        for a in range(0, n, chunk_rows):  # float32 makes 1e39 infinite: refused by row
+            out[a:a + chunk_rows] = _finite(y[a:a + chunk_rows], final, a, "y", src)
         del group[y_name]
     group.attrs.update(src.attrs)
     return n

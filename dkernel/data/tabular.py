@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dkernel.data.ingest import IngestError
 from dkernel.data.store import atomic_store, create_array, default_chunk_rows
 from dkernel.data.store import check_out as _check_out
 
@@ -168,8 +169,18 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         ddf = dd.read_csv(path, **kw)
     except Exception as exc:
         raise IngestError(f"{path}: cannot read as CSV ({_first_line(exc)})") from None
-    return _ingest_frame(ddf, path, "csv", out, target, dtype, chunk_rows, overwrite,
-                         client, scheduler)
+    try:
+        return _ingest_frame(ddf, path, "csv", out, target, dtype, chunk_rows, overwrite,
+                             client, scheduler)
+    except _TypeChange as exc:
+        if not exc.numeric:
+            raise
+        # Columns typed as integers from the file's first part meet an empty field
+        # (NaN) or a fraction further down: read as float64, as the serial reader
+        # does, and a missing value is then refused naming its row.
+        ddf = dd.read_csv(path, dtype={c: "float64" for c in exc.numeric}, **kw)
+        return _ingest_frame(ddf, path, "csv", out, target, dtype, chunk_rows, overwrite,
+                             client, scheduler)
 
 
 # ------------------------------------------------------------------ internals
@@ -371,20 +382,32 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
     return os.fspath(out)
 
 
-def _type_change(path: str, exc: ValueError) -> Exception:
-    """An IngestError for dask's "Mismatched dtypes" (a column typed from the
-    file's first part meets an empty field or text further down), naming the
-    columns; any other error as it was."""
-    from dkernel.data.ingest import IngestError
+class _TypeChange(IngestError):
+    """dask's "Mismatched dtypes": a column typed from the file's first part
+    meets other values further down.  ``numeric``: the columns whose later
+    values are still numbers (an empty field or a fraction in an integer
+    column), which a second read as float64 takes."""
 
+    def __init__(self, message: str, numeric: list[str]) -> None:
+        super().__init__(message)
+        self.numeric = numeric
+
+
+def _type_change(path: str, exc: ValueError) -> Exception:
+    """A :class:`_TypeChange` for dask's "Mismatched dtypes", naming the columns;
+    any other error as it was."""
     text = str(exc)
     if "Mismatched dtypes" not in text:
         return exc
-    rows = [ln.split("|") for ln in text.splitlines() if ln.startswith("|")]
-    cols = [r[1].strip() for r in rows[1:] if len(r) > 3]  # rows[0]: the table's header
-    return IngestError(f"{path}: column(s) {', '.join(map(repr, cols)) or '?'} hold an empty "
-                       "(missing) or non-numeric value after the first part of the file; "
-                       "drop or impute missing values before ingesting")
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in text.splitlines()
+            if ln.startswith("|")]
+    found = {r[0]: r[1] for r in rows[1:] if len(r) >= 3}  # rows[0]: the table's header
+    numeric = [c for c, t in found.items() if t.startswith(("float", "int"))]
+    text_cols = [c for c in found if c not in numeric]
+    what = (f"column(s) {', '.join(map(repr, text_cols))} hold text" if text_cols else
+            f"column(s) {', '.join(map(repr, numeric)) or '?'} change type")
+    return _TypeChange(f"{path}: {what} after the first part of the file; encode, drop or "
+                       "impute those values before ingesting", numeric)
 
 
 def _is_numpy_dtype(dt: Any) -> bool:
@@ -404,7 +427,8 @@ def _as_dtype(block: np.ndarray, dtype: np.dtype, path: str, columns: list[str],
     start = block_info[0]["array-location"][0][0] if block_info else 0
     block = np.asarray(block)
     _refuse_missing(block, columns, start, path)  # before an integer cast hides a NaN
-    out = block.astype(dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+        out = block.astype(dtype, copy=False)
     if out is not block:  # and after: 1e39 is finite, and infinity in float32
         _refuse_missing(out, columns, start, path)
     return out
