@@ -72,6 +72,14 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="client private key for a tls:// scheduler")
 
 
+def given_cluster_flags(args: argparse.Namespace) -> list[str]:
+    """The cluster flags (:func:`add_cluster_args`) given on the command line."""
+    return [flag for flag, value in (("--scheduler", args.scheduler), ("--workers", args.workers),
+                                     ("--tls-ca-file", args.tls_ca_file),
+                                     ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key))
+            if value is not None]
+
+
 def cluster_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of :func:`dkernel.engine.connect` from the cluster flags."""
     from dkernel.engine.cluster import make_security
@@ -82,8 +90,7 @@ def cluster_options(args: argparse.Namespace) -> dict:
     if args.workers is not None and address:
         raise ValueError(f"--workers sizes the embedded LocalCluster; the cluster at {address} "
                          "runs the job on its own workers: drop --workers")
-    tls = [f for f, v in (("--tls-ca-file", args.tls_ca_file), ("--tls-cert", args.tls_cert),
-                          ("--tls-key", args.tls_key)) if v is not None]
+    tls = [f for f in given_cluster_flags(args) if f.startswith("--tls")]
     if tls and not address:
         raise ValueError(f"{', '.join(tls)} apply to a tls:// scheduler: pass --scheduler "
                          "tls://HOST:PORT (or set DASK_SCHEDULER_ADDRESS)")

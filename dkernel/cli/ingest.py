@@ -13,6 +13,7 @@ from dkernel.cli.common import (
     check_output,
     cluster_options,
     emit,
+    given_cluster_flags,
     status,
 )
 from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
@@ -145,10 +146,7 @@ def run(args: argparse.Namespace) -> int:
 def _refuse_cluster_flags(args: argparse.Namespace, what: str) -> None:
     """The cluster flags where ingest reads and writes in this process: refused,
     not silently ignored."""
-    given = [flag for flag, value in (("--scheduler", args.scheduler), ("--workers", args.workers),
-                                      ("--tls-ca-file", args.tls_ca_file),
-                                      ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key))
-             if value is not None]
+    given = given_cluster_flags(args)
     if given:
         raise ValueError(
             f"{', '.join(given)}: {what} is read and written in this process, not on Dask "

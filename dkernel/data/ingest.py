@@ -343,24 +343,41 @@ def _ingest_one(out: PathLike, src: _Source, chunk_rows: int | None, dtype: Any,
     return os.fspath(out)
 
 
-def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: _Source) -> np.ndarray:
-    """``block`` as ``dtype``; NaN or infinity, before the cast or made by it
-    (1e39 in float32), stops the ingest naming the row: written into the store
-    it would only stop a fit later (the parallel readers refuse it the same way)."""
-    with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+def first_nonfinite(block: np.ndarray) -> tuple[int, int, int] | None:
+    """(row, column, rows holding any) of the first NaN / infinity in a float
+    block, None when there is none (or the block is not float)."""
+    if block.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(block)
+    if not bad.any():
+        return None
+    row, col = (np.argwhere(bad)[0].tolist() + [0])[:2]
+    return row, col, int(bad.reshape(len(bad), -1).any(axis=1).sum())
+
+
+def cast_finite(block: np.ndarray, dtype: Any, refuse: Callable[[np.ndarray], None]) -> np.ndarray:
+    """``block`` as ``dtype``, ``refuse`` called on it before the cast (an integer
+    cast would hide a NaN) and on the cast result (1e39 is finite, and infinite in
+    float32): NaN or infinity written into a store would only stop a fit later."""
+    refuse(block)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused just below
         out = block.astype(dtype, copy=False)
-    for b in (block, out) if out is not block else (block,):
-        if b.dtype.kind != "f":
-            continue
-        bad = ~np.isfinite(b)
-        if bad.any():
-            row, col = (np.argwhere(bad)[0].tolist() + [0])[:2]
-            where = f", column {col + 1}" if b.ndim == 2 and name == "X" else ""
+    if out is not block:
+        refuse(out)
+    return out
+
+
+def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: _Source) -> np.ndarray:
+    """``block`` as ``dtype`` (:func:`cast_finite`), naming the row of a NaN or infinity."""
+    def refuse(b: np.ndarray) -> None:
+        bad = first_nonfinite(b)
+        if bad is not None:
+            where = f", column {bad[1] + 1}" if b.ndim == 2 and name == "X" else ""
             raise IngestError(
                 f"{src.attrs.get('source')}: NaN or infinity in {name} at data row "
-                f"{start + row}{where} (as {np.dtype(dtype)}); drop or impute missing values, "
+                f"{start + bad[0]}{where} (as {np.dtype(dtype)}); drop or impute missing values, "
                 "or rescale values beyond the stored type, before ingesting")
-    return out
+    return cast_finite(block, dtype, refuse)
 
 
 def _write(group: Any, src: _Source, chunk_rows: int | None, dtype: Any) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.ingest import IngestError
+from dkernel.data.ingest import IngestError, cast_finite, first_nonfinite
 from dkernel.data.store import atomic_store, create_array, default_chunk_rows
 from dkernel.data.store import check_out as _check_out
 
@@ -70,7 +70,6 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     str
         The output path.
     """
-    from dkernel.data.ingest import IngestError
     from dkernel.data.validate import check_positive
     from dkernel.engine import connect
 
@@ -139,7 +138,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     """
     import dask.dataframe as dd
 
-    from dkernel.data.ingest import IngestError, _is_number, _open_text
+    from dkernel.data.ingest import _is_number, _open_text
 
     path = os.fspath(path)
     if "://" not in path and not os.path.isfile(path):
@@ -204,8 +203,6 @@ def _parquet_parts(path: str) -> list[_ParquetPart]:
     in name order, with their row-group sizes from the footers."""
     import fsspec
     import pyarrow.parquet as pq
-
-    from dkernel.data.ingest import IngestError
 
     fs, root = fsspec.core.url_to_fs(path if "://" in path else os.path.abspath(path))
     if any(ch in root for ch in "*?["):
@@ -283,13 +280,10 @@ def _write_span(span: tuple[int, int], parts: list[_ParquetPart], x_cols: list[s
     if target is not None:
         col = table.column(target)
         if col.null_count:
-            from dkernel.data.ingest import IngestError
-
             raise IngestError(f"target column {target!r} has {col.null_count} missing value(s) "
                               f"in rows {a}-{b - 1}; drop or impute them before ingesting")
-        yb = col.to_numpy(zero_copy_only=False)
-        _refuse_missing(yb, [target], a, path)
-        y[a:a + table.num_rows] = yb.astype(y.dtype, copy=False)
+        y[a:a + table.num_rows] = cast_finite(col.to_numpy(zero_copy_only=False), y.dtype,
+                                              lambda b: _refuse_missing(b, [target], a, path))
     return table.num_rows
 
 
@@ -299,8 +293,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _target_column(columns: list[str], target: int | str | None, path: str) -> str | None:
-    from dkernel.data.ingest import IngestError
-
     if target is None:
         return None
     if isinstance(target, str) and target in columns:
@@ -321,7 +313,6 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
                   scheduler: str | None) -> str:
     import dask.array as da
 
-    from dkernel.data.ingest import IngestError
     from dkernel.data.validate import check_positive
     from dkernel.engine import connect
 
@@ -420,30 +411,20 @@ def _is_numpy_dtype(dt: Any) -> bool:
 
 def _as_dtype(block: np.ndarray, dtype: np.dtype, path: str, columns: list[str],
               block_info: dict | None = None) -> np.ndarray:
-    """A partition as ``dtype``, refusing missing values (NaN, empty CSV fields,
-    Parquet nulls) and infinities as the serial CSV reader does: written into
-    the store they would only stop a fit later, and turn predictions and
-    scores into NaN."""
+    """A partition as ``dtype`` (:func:`~dkernel.data.ingest.cast_finite`), refusing
+    missing values (NaN, empty CSV fields, Parquet nulls) and infinities as the
+    serial readers do: written into the store they would only stop a fit later,
+    and turn predictions and scores into NaN."""
     start = block_info[0]["array-location"][0][0] if block_info else 0
-    block = np.asarray(block)
-    _refuse_missing(block, columns, start, path)  # before an integer cast hides a NaN
-    with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-        out = block.astype(dtype, copy=False)
-    if out is not block:  # and after: 1e39 is finite, and infinity in float32
-        _refuse_missing(out, columns, start, path)
-    return out
+    return cast_finite(np.asarray(block), dtype,
+                       lambda b: _refuse_missing(b, columns, start, path))
 
 
 def _refuse_missing(block: np.ndarray, columns: list[str], start: int, path: str) -> None:
     """IngestError naming the column and data row of the first NaN / infinity."""
-    from dkernel.data.ingest import IngestError
-
-    if block.dtype.kind != "f":
-        return
-    bad = ~np.isfinite(block)
-    if bad.any():
-        row, col = (np.argwhere(bad)[0].tolist() + [0])[:2]
-        rows = int(bad.reshape(len(bad), -1).any(axis=1).sum())
+    bad = first_nonfinite(block)
+    if bad is not None:
+        row, col, rows = bad
         raise IngestError(
             f"{path}: missing or non-finite value in column {columns[col]!r} at data row "
             f"{start + row} ({rows} such row(s) in its part); drop or impute missing values "
