@@ -65,7 +65,7 @@ def run_apply(args: argparse.Namespace) -> int:
     import dask.array as da
 
     from dkernel.data import open_dataset
-    from dkernel.data.store import atomic_store, create_array
+    from dkernel.data.store import atomic_store, create_array, run_writes
     from dkernel.engine import connect
     from dkernel.io import load_model
 
@@ -77,7 +77,7 @@ def run_apply(args: argparse.Namespace) -> int:
             f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'"
         )
     data = open_dataset(args.store)
-    with connect(**cluster_options(args)):
+    with connect(**cluster_options(args)) as client:
         if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
             # two-view models (KernelCCA / KernelSVD): the store's y is the second view
             outs = dict(zip(("Z", "Z_y"), model.transform(data.X, data.y)))
@@ -89,6 +89,7 @@ def run_apply(args: argparse.Namespace) -> int:
                 )
             outs = {"y_pred" if args.method == "predict" else "Z": out}
         with atomic_store(args.out, overwrite=args.overwrite) as group:
+            sources, targets = [], []
             for name, out in outs.items():
                 arr = create_array(
                     group,
@@ -97,7 +98,9 @@ def run_apply(args: argparse.Namespace) -> int:
                     out.dtype,
                     int(data.X.chunks[0][0]),
                 )
-                da.store(out.rechunk(arr.chunks), arr, lock=False)
+                sources.append(out.rechunk(arr.chunks))
+                targets.append(arr)
+            run_writes(client, da.store(sources, targets, lock=False, compute=False))
             group.attrs.update(
                 {
                     "dkernel": args.method,

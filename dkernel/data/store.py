@@ -1,11 +1,15 @@
 """Writing dataset stores: a zarr group with row-chunked, compressed X (and y),
-created under a temporary name and renamed into place when complete."""
+created under a temporary name and renamed into place when complete.  Tasks
+that write such a store on the workers run through :func:`run_writes`, which
+on a failure stops them all before the temporary store is removed."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,8 +60,10 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
         raise FileExistsError(f"{path!r} already exists; remove it or choose another output path")
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # unique per call: two writes in one process (threads, a retry after a
+    # failure whose tasks were still writing) never share a temporary store
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}-"
+                               f"{uuid.uuid4().hex[:12]}")
     try:
         yield zarr.open_group(tmp, mode="w")
         if os.path.exists(path):
@@ -140,3 +146,99 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
         if attrs:
             group.attrs.update(attrs)
     return os.fspath(path)
+
+
+#: Seconds a failed write waits for its tasks already running on workers
+#: (they cannot be interrupted) before the temporary store is removed anyway.
+#: An ingest task writes about 64 MB of chunks, a prediction or make-store
+#: task one chunk: seconds even on a loaded machine; one that outlives this
+#: is hung, and a warning says so.
+SETTLE_TIMEOUT = 120.0
+#: Seconds no task may be seen running before a failed write is settled: a
+#: task the scheduler sent just before the cancel reaches its worker within
+#: milliseconds (batched streams flush every few ms), and starts there.
+_SETTLE_QUIET = 0.5
+# Worker task states from which a task may still write: running (also when
+# cancelled or resumed while running, see WorkerState.executing) or about to run.
+_MAY_RUN = ("ready", "constrained", "waiting")
+
+
+def run_writes(client: Any, work: Any, each: Any = None) -> Any:
+    """Run tasks that write a temporary store on the cluster; their results.
+
+    ``work``: futures already submitted (``client.map`` / ``client.submit``),
+    or dask collections (``da.store(..., compute=False)``: one, or a tuple),
+    computed here.
+    ``each(future)`` is called as each task finishes (progress).  On any
+    failure -- a task's error, an interrupt -- every outstanding task is
+    cancelled and the ones already running are waited for (at most
+    :data:`SETTLE_TIMEOUT` s) before the error is raised, so the caller's
+    :func:`atomic_store` removes a temporary store nothing writes into any
+    more.  Raising at the first error, as ``client.gather`` does, left the
+    other tasks writing chunks into it after it was removed.
+    """
+    from distributed import Future, as_completed
+
+    many = isinstance(work, (list, tuple))
+    if many and all(isinstance(f, Future) for f in work):
+        futures = list(work)
+    else:
+        futures = client.compute(list(work) if many else [work])
+    try:
+        for f in as_completed(futures):
+            f.result()  # the first failure raises
+            if each is not None:
+                each(f)
+        results = client.gather(futures)
+    except BaseException:
+        _settle(client, futures)
+        raise
+    return results if many else results[0]
+
+
+def _settle(client: Any, futures: list) -> None:
+    """Cancel ``futures`` and wait until no worker runs or is about to run any
+    task they depend on (best effort: the caller's error is the one to report)."""
+    try:
+        # the keys as the scheduler runs them (graph optimisation renames
+        # keys), asked before the cancel makes it forget them
+        keys = client.run_on_scheduler(_task_keys, [f.key for f in futures])
+        client.cancel(futures)
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        quiet_since = None
+        while True:
+            running = sum(client.run(_running, keys, on_error="ignore").values())
+            now = time.monotonic()
+            if running:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= _SETTLE_QUIET:
+                return
+            if now > deadline:
+                warnings.warn(f"{running} write task(s) still running {SETTLE_TIMEOUT:.0f} s "
+                              "after a failure; removing the temporary store anyway",
+                              RuntimeWarning, stacklevel=3)
+                return
+            time.sleep(0.05)
+    except Exception:  # a lost scheduler must not hide the error being raised
+        return
+
+
+def _task_keys(keys: list, dask_scheduler: Any = None) -> set:
+    """On the scheduler: ``keys`` and every task they depend on."""
+    found, todo = set(), [dask_scheduler.tasks[k] for k in keys if k in dask_scheduler.tasks]
+    while todo:
+        ts = todo.pop()
+        if ts.key not in found:
+            found.add(ts.key)
+            todo.extend(ts.dependencies)
+    return found
+
+
+def _running(keys: set, dask_worker: Any = None) -> int:
+    """On a worker: how many of ``keys`` it runs or may still start."""
+    state = dask_worker.state
+    tasks = [state.tasks[k] for k in keys.intersection(state.tasks)]
+    return sum(ts in state.executing or ts in state.long_running or ts.state in _MAY_RUN
+               for ts in tasks)

@@ -226,7 +226,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     import dask
     import dask.array as da
 
-    from dkernel.data.store import atomic_store, create_array, default_chunk_rows
+    from dkernel.data.store import atomic_store, create_array, default_chunk_rows, run_writes
     from dkernel.data.validate import check_positive
     from dkernel.engine import connect
 
@@ -256,6 +256,6 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
             targets = [create_array(group, "X", (n, d), dtype, chunk_rows),
                        create_array(group, "y", (n,), y_dtype, chunk_rows)]
             # each output chunk is assembled and written by one worker
-            c.gather(c.compute(da.store([X, y], targets, lock=False, compute=False)))
+            run_writes(c, da.store([X, y], targets, lock=False, compute=False))
             group.attrs.update({"source": path, "format": "libsvm"})
     return os.fspath(out)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.ingest import IngestError, cast_finite, first_nonfinite
-from dkernel.data.store import atomic_store, create_array, default_chunk_rows
+from dkernel.data.store import atomic_store, create_array, default_chunk_rows, run_writes
 from dkernel.data.store import check_out as _check_out
 
 __all__ = ["ingest_parquet", "ingest_csv_parallel"]
@@ -113,7 +113,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
                         path=path, pure=False)
-        written = sum(c.gather(futures))
+        written = sum(run_writes(c, futures))
         if written != n:  # a file changed between planning and reading
             raise IngestError(f"{path}: read {written} rows but the metadata says {n}; "
                               "was it modified during the ingest?")
@@ -367,8 +367,7 @@ def _ingest_frame(ddf: Any, path: str, fmt: str, out: str | os.PathLike, target:
                 targets.append(arr)
             # Each output chunk is assembled and written by one worker (the
             # chunks of X and y are aligned, so no two tasks touch one chunk).
-            stored = da.store(sources, targets, lock=False, compute=False)
-            c.gather(c.compute(stored))
+            run_writes(c, da.store(sources, targets, lock=False, compute=False))
             group.attrs.update(attrs)
     return os.fspath(out)
 

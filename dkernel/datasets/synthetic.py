@@ -60,9 +60,7 @@ def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int 
     ``client``: the cluster that writes it; None writes it in this process,
     chunk by chunk (small stores, tests).
     """
-    from distributed import as_completed
-
-    from dkernel.data.store import atomic_store, create_array, store_location
+    from dkernel.data.store import atomic_store, create_array, run_writes, store_location
     from dkernel.engine.progress import Progress
 
     if kind not in ("classification", "regression"):
@@ -83,8 +81,8 @@ def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int 
                 _write_chunk(*a)
                 bar.update(1)
         else:
-            for f in as_completed([client.submit(_write_chunk, *a, pure=False) for a in args]):
-                f.result()  # a failed chunk fails the whole store (nothing is renamed)
-                bar.update(1)
+            # a failed chunk fails the whole store (nothing is renamed)
+            run_writes(client, [client.submit(_write_chunk, *a, pure=False) for a in args],
+                       each=lambda _: bar.update(1))
         bar.close()
     return os.fspath(path)
