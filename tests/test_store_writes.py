@@ -1,0 +1,73 @@
+"""Stores written by tasks on the workers are complete or absent, also when a
+task fails while others are still writing: the temporary store is removed
+only once no task writes into it any more, and it is never shared."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from dkernel.cli import main
+from dkernel.data import write_store
+from dkernel.data.store import atomic_store, run_writes, store_location
+from dkernel.datasets import make_blobs_classification
+
+
+def _write_after(folder: str, i: int, seconds: float) -> int:
+    """A write task: chunk 0 is refused at once, the others write after ``seconds``."""
+    if i == 0:
+        raise ValueError("chunk 0 is bad")
+    time.sleep(seconds)
+    with open(os.path.join(folder, str(i)), "w"):
+        pass
+    return i
+
+
+def _executing(client) -> int:
+    return sum(client.run(lambda dask_worker: len(dask_worker.state.executing)).values())
+
+
+def test_a_failed_write_returns_only_when_no_task_writes_any_more(client, tmp_path):
+    # raising at the first error (client.gather) left the task running on the
+    # other worker to write after the temporary store was removed
+    futures = [client.submit(_write_after, str(tmp_path), i, 1.0, pure=False)
+               for i in range(8)]
+    with pytest.raises(ValueError, match="chunk 0 is bad"):
+        run_writes(client, futures)
+    written = sorted(os.listdir(tmp_path))
+    assert _executing(client) == 0
+    time.sleep(1.5)  # longer than a task: anything still running would have written
+    assert sorted(os.listdir(tmp_path)) == written
+    assert len(written) < 7, "the outstanding tasks were cancelled, not run"
+
+
+def test_two_writes_in_one_process_get_their_own_temporary_stores(tmp_path):
+    out = tmp_path / "s.zarr"
+    with atomic_store(out) as a, atomic_store(out, overwrite=True) as b:
+        first, second = store_location(a, out), store_location(b, out)
+        assert first != second
+        assert ".s.zarr.tmp-" in first and ".s.zarr.tmp-" in second
+        assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p)
+                                                      for p in (first, second))
+    assert os.listdir(tmp_path) == ["s.zarr"]
+
+
+def test_a_prediction_refused_early_leaves_no_store(client, tmp_path, capsys):
+    X, y = make_blobs_classification(3000, 4)
+    train = write_store(tmp_path / "train.zarr", X, y, chunk_rows=100)
+    model = str(tmp_path / "m.npz")
+    assert main(["fit", train, "--bandwidth", "2", "--features", "64", "--epochs", "1",
+                 "--out", model, "--quiet", "--scheduler", client.scheduler.address]) == 0
+    X[150, 1] = np.nan  # in the second of 30 chunks, while the others are being written
+    bad = write_store(tmp_path / "nan.zarr", X, chunk_rows=100)
+    capsys.readouterr()
+    assert main(["predict", model, bad, "--out", str(tmp_path / "p.zarr"),
+                 "--scheduler", client.scheduler.address]) == 1
+    err = capsys.readouterr().err
+    assert "first bad row: 150" in err and err.count("\n") == 1, err
+    while _executing(client):
+        time.sleep(0.1)
+    assert sorted(os.listdir(tmp_path)) == ["m.npz", "nan.zarr", "train.zarr"]
