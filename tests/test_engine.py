@@ -469,3 +469,118 @@ def test_multithreaded_workers_fit_the_model_single_threaded_workers_fit(client,
     fixed = make(client=client, lanes=2).fit(store)
     # bit for bit: every sum's order follows the lanes and chunks, not the cluster
     assert np.array_equal(auto.coef_, fixed.coef_)
+
+
+def _line_fit(payload, X, y):
+    """Least squares of y on the one column x: the gradient and the loss at w."""
+    r = X[:, 0] * payload["w"] - y
+    return {"grad": float(X[:, 0] @ r), "loss": float(r @ r), "count": X.shape[0]}
+
+
+class _Line(StepProgram):
+    """Gradient descent on (1/m)|x w - y|^2 with x = +-1: the curvature is 1 in
+    every mini-batch, so a step eta multiplies the error w - w* by 1 - eta."""
+
+    partial = staticmethod(_line_fit)
+    label = "line"
+    supports_backoff = True
+
+    def __init__(self, eta):
+        self.eta = eta
+
+    def init_state(self):
+        return {"w": 0.0}
+
+    def payload(self, state, step):
+        return {"w": state["w"]}
+
+    def update(self, state, total, step):
+        eta = self.eta * state.get("step_scale", 1.0)
+        return {**state, "w": state["w"] - eta * total["grad"] / total["count"]}
+
+
+def _line_data(y_of_x):
+    x = np.resize([1.0, -1.0], 600).astype(np.float32)
+    return open_dataset(x[:, None], y_of_x(x), chunk_rows=200)
+
+
+def test_an_epoch_that_ends_above_its_start_is_replayed_with_half_the_step(client):
+    # eta = 2.2 overshoots: the error goes 1, -1.2, 1.44 (loss x1.44 a step), so
+    # the three steps' losses read 1, 1.44, 2.07 -- never 4x the start, which is
+    # all the step-level guard looks for; the fit ended at loss 2.99 with only a
+    # FitQualityWarning.  Replayed at eta 1.1 the error goes 1, 0.1, 0.01.
+    import warnings
+
+    from dkernel import FitQualityWarning
+
+    engine = Engine(client, EngineOptions(lanes=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitQualityWarning)
+        state = engine.run_steps(_line_data(lambda x: x), _Line(2.2), n_epochs=1, batch_size=200,
+                                 random_state=0)
+    assert abs(state["w"] - 1.0) < 1e-2 and state["step_scale"] == 0.5
+    (backoff,) = engine.backoffs
+    assert backoff["epoch"] == 1 and backoff["loss"] == pytest.approx((1.44 + 2.0736) / 2)
+    assert engine.history[0]["step_backoffs"] == 1 and engine.history[0]["step_scale"] == 0.5
+    assert engine.history[0]["steps"] == 3  # the accepted attempt's
+
+
+class _Drift(_Line):
+    """Steps that move w away from w* = 1 by 0.45 x the step scale, whatever
+    the gradient: no step is small enough to help."""
+
+    def update(self, state, total, step):
+        return {**state, "w": state["w"] - 0.45 * state.get("step_scale", 1.0)}
+
+
+def test_an_epoch_that_no_smaller_step_brings_below_its_start_keeps_the_lowest_loss_seen(client):
+    # Steps 1 and 2 read (1 + 0.45 s)^2 and (1 + 0.9 s)^2 at scale s: a mean of
+    # 2.86, 1.80, 1.37, 1.18 for s = 1 .. 1/8, every one above the start (1) by
+    # more than the margin (0.116 at 2000 + 4000 rows).  After three replays the
+    # epoch keeps its starting state (the lowest loss seen) and the next epoch,
+    # with no replays left, too; the fit warns, as a fit of an unlearnable target
+    # must, and does not raise or loop.
+    from dkernel import FitQualityWarning
+    from dkernel.engine.guard import end_margin
+
+    assert end_margin(2000, 4000) == pytest.approx(3 * np.sqrt(2 / 2000 + 2 / 4000))
+    engine = Engine(client, EngineOptions(lanes=1))
+    x = np.resize([1.0, -1.0], 6000).astype(np.float32)
+    data = open_dataset(x[:, None], x, chunk_rows=2000)
+    with pytest.warns(FitQualityWarning, match="every update was undone"):
+        state = engine.run_steps(data, _Drift(1.0), n_epochs=2, batch_size=2000, random_state=0)
+    assert state["w"] == 0.0 and state["step_scale"] == 1 / 8
+    assert [b["step_scale"] for b in engine.backoffs] == [0.5, 0.25, 0.125]
+    assert [h["step_backoffs"] for h in engine.history] == [3, 0]
+
+
+class _Crash(_Line):
+    """_Line that dies at its ``at``-th update, as a coordinator might."""
+
+    def __init__(self, eta, at):
+        super().__init__(eta)
+        self.at, self.updates = at, 0
+
+    def update(self, state, total, step):
+        self.updates += 1
+        if self.updates == self.at:
+            raise RuntimeError("coordinator lost")
+        return super().update(state, total, step)
+
+
+@pytest.mark.parametrize("at", [2, 5, 8])
+def test_a_fit_killed_before_or_during_a_replayed_epoch_resumes_to_the_same_model(client, tmp_path,
+                                                                                 at):
+    # updates 1-3 are the first try of epoch 1 (replayed), 4-6 its replay, 7-9
+    # epoch 2; a checkpoint every step: the resumed fit must know the epoch's
+    # starting state and what its first steps measured to judge it as the
+    # uninterrupted fit did
+    data = _line_data(lambda x: x)
+    run = dict(n_epochs=2, batch_size=200, random_state=0)
+    whole = Engine(client, EngineOptions(lanes=1)).run_steps(data, _Line(2.2), **run)
+    opts = EngineOptions(lanes=1, checkpoint=str(tmp_path / "ck.npz"), checkpoint_every=1)
+    with pytest.raises(RuntimeError, match="coordinator lost"):
+        Engine(client, opts).run_steps(data, _Crash(2.2, at), **run)
+    opts.resume = True
+    resumed = Engine(client, opts).run_steps(data, _Line(2.2), **run)
+    assert resumed["w"] == whole["w"] and resumed["step_scale"] == whole["step_scale"] == 0.5

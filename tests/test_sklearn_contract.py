@@ -37,8 +37,8 @@ CHECKED = [
     DSGClassifier(n_features=256),
     DSGRegressor(n_features=256, batch_size=64),
     EigenProClassifier(n_epochs=3),
-    # check_regressors_train sets alpha (the all-rows solve's ridge) on its 200
-    # rows: fewer centers than rows makes that setting one the fit uses
+    # fewer centers than rows: the all-rows solve (every row a center and random
+    # features: WITH_ALPHA below)
     EigenProRegressor(n_epochs=3, n_centers=100),
     KernelPCA(2, n_features=256, n_epochs=1),
     KernelPCA(2, n_features=256, n_epochs=1, steps="power"),
@@ -82,6 +82,49 @@ def checks_client():
 def test_sklearn_estimator_checks(estimator, check, checks_client):
     with checks_client.as_current():
         check(estimator)
+
+
+#: Every supervised estimator with an ``alpha``, on each route it has: scikit-learn's
+#: train checks set alpha=0.01 themselves (EigenPro refused it with every row a center
+#: and with random features, failing check_regressors_train three times).
+WITH_ALPHA = [
+    DSGClassifier(n_features=256, alpha=0.01),
+    DSGRegressor(n_features=256, batch_size=64, alpha=0.01),
+    EigenProClassifier(n_epochs=3, alpha=0.01),
+    EigenProClassifier(n_epochs=3, n_features=256, alpha=0.01),
+    EigenProRegressor(n_epochs=3, alpha=0.01),
+    EigenProRegressor(n_epochs=3, n_features=256, alpha=0.01),
+    EigenProRegressor(n_epochs=3, n_centers=100, alpha=0.01),
+]
+
+
+@pytest.mark.parametrize("estimator", WITH_ALPHA, ids=repr)
+def test_train_checks_pass_with_alpha_set_on_every_route(estimator, checks_client):
+    from sklearn.utils.estimator_checks import (
+        check_classifiers_train,
+        check_fit2d_1sample,
+        check_fit_idempotent,
+        check_regressors_train,
+    )
+
+    name = type(estimator).__name__
+    train = check_classifiers_train if is_classifier(estimator) else check_regressors_train
+    with checks_client.as_current():
+        train(name, estimator)
+        if is_classifier(estimator):
+            check_classifiers_train(name, estimator, readonly_memmap=True)
+        check_fit_idempotent(name, estimator)
+        check_fit2d_1sample(name, estimator)
+
+
+def test_grid_search_over_alpha_fits_every_candidate(checks_client):
+    from dkernel.datasets import make_dai_ridge
+
+    X, y = make_dai_ridge(400, 3)
+    search = GridSearchCV(EigenProRegressor(n_epochs=5, bandwidth=1.0, client=checks_client),
+                          {"alpha": [1e-4, 1e-3, 1e-2]}, cv=2, error_score="raise").fit(X, y)
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+    assert search.best_estimator_.alpha_ == search.best_params_["alpha"]
 
 
 # What users do with the estimators --------------------------------------------------

@@ -131,7 +131,11 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     """
     if client is not None:
         require_workers(client)
-        yield client
+        # as the default inside: distributed.wait() asks for the default client, which
+        # a client given to an estimator need not be (GridSearchCV over an EigenPro
+        # kernel fit with a client that is not the default: "No clients found")
+        with client.as_current():
+            yield client
         return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:

@@ -8,8 +8,26 @@ holding NaN/inf, means the iteration is blowing up: the guard puts back the
 last state whose loss was no worse than the reference, halves ``state["step_scale"]`` (which every
 program that ``supports_backoff`` multiplies into its step) and records it.
 After ``max_backoffs`` halvings the fit stops with :class:`DivergenceError`,
-one line naming the setting to change.  Everything the guard keeps lives in
-the state, so a resumed fit continues with the same scale and reference.
+one line naming the setting to change.
+
+A fit can also go wrong slowly: a step somewhat too large raises the loss
+without blowing up (EigenPro-RF at q = 1536 on 200k x 32 rows, a step ~1.5x
+what its preconditioner's sample supports, ended 57% above its start:
+issue 28).  So each epoch of a program that ``supports_backoff`` is judged
+when it ends: if the mean loss of its steps after its first (each measured
+on the state before its update, over rows not yet seen this epoch) is above
+the reference by more than :func:`end_margin`, the epoch is replayed from
+its starting state with the step scale halved, at most ``_MAX_REPLAYS``
+times in a fit.  An epoch that still ends above keeps the lowest-loss state
+seen in it (its starting state or one of its attempts) and the fit goes on,
+warning at the end as before: a target that cannot be learned hovers at its
+starting loss, and that is no error.  An epoch of a single step has nothing
+to judge it by (its end state is measured only by the next epoch's first
+step) and is accepted.
+
+Everything the guard keeps lives in the state or in the checkpoint
+(:meth:`DivergenceGuard.checkpoint_state`), so a resumed fit continues with
+the same scale, reference and epoch snapshot, and ends with the same model.
 """
 
 from __future__ import annotations
@@ -71,10 +89,20 @@ class DivergenceGuard:
         self.backoffs: list[dict[str, Any]] = []
         #: losses of the last healthy steps after the first (the fit's end state)
         self.recent: list[float] = []
+        #: the current epoch: its starting state and what its steps measured
+        #: (:meth:`begin_epoch`); None outside an epoch
+        self.epoch: dict[str, Any] | None = None
+        #: epochs replayed so far in this fit (at most ``_MAX_REPLAYS``)
+        self.replays = 0
+        #: (applied, recent) read back from a checkpoint inside an epoch (:meth:`resume`)
+        self._resumed: tuple[int, list[float]] | None = None
 
     def start(self, state: dict[str, Any]) -> dict[str, Any]:
         # a resumed state already carries updates (and the reference loss)
         self.applied = self.snapshot_applied = int("guard_reference" in state)
+        if self._resumed is not None:  # a checkpoint in the middle of an epoch
+            self.applied, self.recent = self._resumed
+            self.snapshot_applied = self.applied
         if getattr(self.program, "supports_backoff", False):
             state.setdefault("step_scale", 1.0)
         return state
@@ -91,6 +119,7 @@ class DivergenceGuard:
                 # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
                 # scale to compare with: 0 disables the ratio test for this fit
                 state["guard_reference"] = loss if loss > 1e-8 else 0.0
+                state["guard_reference_rows"] = int(total["count"])
         ref = state.get("guard_reference") or None
         bad = not _finite(state) or (loss is not None and (
             not math.isfinite(loss) or (ref is not None and loss > self.factor * ref)))
@@ -104,6 +133,13 @@ class DivergenceGuard:
             self.applied += 1  # the engine applies this step's update
             if loss is not None and step > 0:
                 self.recent = (self.recent + [loss])[-_RECENT:]
+            if loss is not None and self.epoch is not None:
+                rows = int(total["count"])
+                if self.epoch["first"] is None:
+                    self.epoch["first"] = loss  # the loss of the epoch's starting state
+                else:
+                    self.epoch["loss"] += loss * rows
+                    self.epoch["rows"] += rows
             return None
         label = getattr(self.program, "label", "fit")
         if loss is not None and ref is not None:
@@ -129,7 +165,112 @@ class DivergenceGuard:
         self.snapshot = copy.deepcopy(restored)
         self.backoffs.append({"step": int(step), "loss": loss, "reference": ref,
                               "step_scale": restored["step_scale"]})
+        if self.epoch is not None:  # the epoch is judged by the steps after the restore
+            self.epoch["loss"], self.epoch["rows"] = 0.0, 0
         return restored
+
+    def begin_epoch(self, state: dict[str, Any], epoch: int) -> None:
+        """Keep the state an epoch starts from, to replay the epoch from it."""
+        self.epoch = {"index": int(epoch), "state": copy.deepcopy(state), "applied": self.applied,
+                      "recent": list(self.recent), "first": None, "loss": 0.0, "rows": 0,
+                      "best": None}
+
+    def end_epoch(self, state: dict[str, Any], step: int) -> tuple[dict[str, Any], bool]:
+        """Judge the epoch that just ended at ``step``.  Returns the state to go on
+        from and whether to replay the epoch from it (then the state is the
+        epoch's starting one with its step scale halved)."""
+        ep, self.epoch = self.epoch, None
+        ref = state.get("guard_reference")
+        if (ep is None or not ep["rows"] or not ref
+                or not getattr(self.program, "supports_backoff", False)):
+            return state, False
+        end = ep["loss"] / ep["rows"]
+        margin = end_margin(int(state.get("guard_reference_rows", ep["rows"])), ep["rows"])
+        if end <= ref * (1.0 + margin):
+            return state, False
+        if ep["best"] is None or end < ep["best"]["loss"]:
+            ep["best"] = {"loss": end, "state": copy.deepcopy(state), "applied": self.applied,
+                          "recent": list(self.recent)}
+        # the guard's own entries (the reference, the scale reached) go on
+        own = {k: state[k] for k in _KEYS if k in state}
+        if self.replays < _MAX_REPLAYS:
+            self.replays += 1
+            restored = {**copy.deepcopy(ep["state"]), **own,
+                        "step_scale": float(state.get("step_scale", 1.0)) * 0.5}
+            self.backoffs.append({"step": int(step), "epoch": ep["index"] + 1, "loss": end,
+                                  "reference": ref, "margin": margin,
+                                  "step_scale": restored["step_scale"],
+                                  "reason": "the epoch ended above the starting loss"})
+            self.applied, self.recent = ep["applied"], list(ep["recent"])
+            self._resnapshot(restored, ep["first"], ref)
+            self.epoch = {**ep, "state": {**ep["state"], **own}, "first": None, "loss": 0.0,
+                          "rows": 0}
+            return restored, True
+        # no replays left: the lowest loss seen, at the smallest scale tried
+        best = ep["best"]
+        if ep["first"] is not None and ep["first"] <= best["loss"]:
+            best = {"state": ep["state"], "applied": ep["applied"], "recent": ep["recent"]}
+        kept = {**copy.deepcopy(best["state"]), **own}
+        self.applied, self.recent = best["applied"], list(best["recent"])
+        self._resnapshot(kept, ep["first"] if best["state"] is ep["state"] else best["loss"], ref)
+        return kept, False
+
+    def _resnapshot(self, state: dict[str, Any], loss: float | None, ref: float) -> None:
+        """The divergence snapshot, after the fit went back to ``state``."""
+        if loss is not None and loss <= ref:
+            self.snapshot = copy.deepcopy(state)
+            self.snapshot_loss = loss
+            self.snapshot_applied = self.applied
+
+    def checkpoint_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` plus what the guard needs to resume the epoch in progress
+        exactly: its starting state (under ``guard_epoch.``), what its steps
+        measured and its best attempt so far (``guard_best.``)."""
+        out = {**state, "guard_replays": self.replays}
+        ep = self.epoch
+        if ep is None:
+            return out
+        out.update({"guard_epoch_index": ep["index"], "guard_epoch_applied": ep["applied"],
+                    "guard_epoch_recent": list(ep["recent"]), "guard_epoch_first": ep["first"],
+                    "guard_epoch_loss": ep["loss"], "guard_epoch_rows": ep["rows"],
+                    "guard_applied": self.applied, "guard_recent": list(self.recent)})
+        out.update({f"guard_epoch.{k}": v for k, v in ep["state"].items()})
+        if ep["best"] is not None:
+            b = ep["best"]
+            out.update({"guard_best_loss": b["loss"], "guard_best_applied": b["applied"],
+                        "guard_best_recent": list(b["recent"])})
+            out.update({f"guard_best.{k}": v for k, v in b["state"].items()})
+        return out
+
+    def resume(self, loaded: dict[str, Any]) -> dict[str, Any]:
+        """The program's state from a checkpoint written by :meth:`checkpoint_state`,
+        restoring the guard's epoch in progress (None when the checkpoint is at an
+        epoch's end)."""
+        state: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {"guard_epoch.": {}, "guard_best.": {}}
+        own: dict[str, Any] = {}
+        for k, v in loaded.items():
+            prefix = next((p for p in nested if k.startswith(p)), None)
+            if prefix is not None:
+                nested[prefix][k[len(prefix):]] = v
+            elif k.startswith("guard_") and k not in _KEYS:
+                own[k] = v
+            else:
+                state[k] = v
+        self.replays = int(own.get("guard_replays", 0))
+        if "guard_epoch_index" in own:
+            best = None
+            if "guard_best_loss" in own:
+                best = {"loss": own["guard_best_loss"], "state": nested["guard_best."],
+                        "applied": own["guard_best_applied"],
+                        "recent": list(own["guard_best_recent"])}
+            self.epoch = {"index": int(own["guard_epoch_index"]), "state": nested["guard_epoch."],
+                          "applied": int(own["guard_epoch_applied"]),
+                          "recent": list(own["guard_epoch_recent"]),
+                          "first": own["guard_epoch_first"], "loss": float(own["guard_epoch_loss"]),
+                          "rows": int(own["guard_epoch_rows"]), "best": best}
+            self._resumed = (int(own["guard_applied"]), list(own["guard_recent"]))
+        return state
 
     def carry(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """The updated state with the guard's own entries (reference loss, step
@@ -165,8 +306,34 @@ class DivergenceGuard:
                 f"{self.program.divergence_hint()}", FitQualityWarning, stacklevel=3)
 
 
+def end_margin(reference_rows: int, end_rows: int) -> float:
+    """How far above the starting loss (a fraction of it) an epoch may end
+    before it is replayed with a smaller step.
+
+    The reference is the mean loss over ``reference_rows`` rows, the epoch's
+    end the mean over ``end_rows`` other rows; for squared residuals of a
+    Gaussian error each mean's relative standard deviation is sqrt(2 / rows),
+    so a model no better and no worse than the start lands within three
+    standard deviations of the difference, 3 sqrt(2 / n_0 + 2 / n_1), nearly
+    always.  And at least ``_END_FLOOR``: a model whose loss is within 5% of
+    the start's (an R^2 of -0.05) hovers there as a fit of an unlearnable
+    target does, and a replay would cost a whole epoch for nothing.  The
+    repro of issue 28 (EigenPro-RF on 200k x 32) ended 57% above.
+    """
+    noise = 3.0 * math.sqrt(2.0 / max(reference_rows, 1) + 2.0 / max(end_rows, 1))
+    return max(_END_FLOOR, noise)
+
+
 #: The guard's entries in a program's state (checkpointed with it).
-_KEYS = ("guard_reference", "step_scale")
+_KEYS = ("guard_reference", "guard_reference_rows", "step_scale")
+
+#: Least margin above the starting loss that replays an epoch (:func:`end_margin`).
+_END_FLOOR = 0.05
+
+#: Epochs a fit may replay with a halved step (1/8 of the step after three):
+#: each costs an epoch; a step more than 8x too large blows up, and is the
+#: step-level guard's (loss above ``factor`` x the start).
+_MAX_REPLAYS = 3
 
 #: Steps whose mean loss stands in for the final model's training loss.
 _RECENT = 8

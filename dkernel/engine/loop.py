@@ -346,11 +346,11 @@ class Engine:
                        "plan_version": ChunkPlan.VERSION}
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
+        guard = DivergenceGuard(program)
         if opts.resume:
             loaded = ckpt.load()
             if loaded is not None:
-                state, start = loaded
-        guard = DivergenceGuard(program)
+                state, start = guard.resume(loaded[0]), loaded[1]
         self.backoffs = guard.backoffs
         state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
@@ -367,88 +367,110 @@ class Engine:
             if step + per_epoch[epoch] <= start:
                 step += per_epoch[epoch]
                 continue
+            first = step
+            if guard.epoch is None:  # (a checkpoint inside this epoch brought it back)
+                guard.begin_epoch(state, epoch)
+            backoffs_before = len(guard.backoffs)
             seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter(),
                     "compute": 0.0, "wait": 0.0, "update": 0.0, "straggle": 0.0,
                     "slowest": {}}
-            groups = [g for g in plan.groups(epoch)]
-            todo, skipped = [], step
-            for g in groups:  # groups fully before the resume point are not loaded
-                if skipped + plan.group_steps(g) <= start:
-                    skipped += plan.group_steps(g)
-                else:
-                    todo.append(g)
-            step = skipped
-            loaded = source.get(todo[0]) if todo else {}
-            for gi, group in enumerate(todo):
-                current = loaded or source.get(group)
-                loaded, prefetch = {}, todo[gi + 1] if gi + 1 < len(todo) else None
-                n_slices = {c: plan.n_slices(c) for c in group}
-                for j in range(plan.group_steps(group)):
-                    if step < start:
-                        step += 1
-                        continue
-                    payload = _ship(self.client, program.payload(state, step))
-                    for attempt in range(_STEP_RETRIES + 1):
-                        # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
-                        futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
-                                                   current[c], plan.row_slice(epoch, c, j),
-                                                   (data.X.name, c) if program.wants_chunk else None,
-                                                   *extra, run=run, **source.placement(c),
-                                                   key=f"{_key_label(program.label)}-step-{run[:8]}-{step}-{c}-{attempt}",
-                                                   # before the prefetch of the next chunks, which
-                                                   # then runs while the client sums and updates
-                                                   priority=1)
-                                for c in group if j < n_slices[c]]
-                        if prefetch is not None:
-                            # the next group's reads go out after this step's tasks, so
-                            # a worker starts the step first and reads while the client
-                            # sums and updates (a read sent first would make the step
-                            # wait for it: 25-40 ms a step on 2M x 32)
-                            loaded, prefetch = source.get(prefetch), None
-                        try:
-                            t_wait = time.perf_counter()
-                            total = tree_sum(self.client, futs)
-                            seen["wait"] += time.perf_counter() - t_wait
-                            break
-                        except CancelledError:
-                            # A worker died holding data this step needs (Dask cannot
-                            # recompute scattered data): send it again and redo the step,
-                            # a pure function of the state, so the model does not change.
-                            if attempt == _STEP_RETRIES:
-                                raise
-                            source.refresh()
-                            current, loaded = source.get(group), {}
-                            payload = _ship(self.client, program.payload(state, step))
-                            extra = () if constants is None else (_ship(self.client, constants),)
-                    lane_seconds = float(total.pop("_seconds", 0.0))
-                    seen["compute"] += lane_seconds
-                    slowest = total.pop("_slowest", None)
-                    if slowest is not None and len(futs) > 1:
-                        # the other lanes waited, on average, max - mean for this one
-                        seen["straggle"] += slowest[0] - lane_seconds / len(futs)
-                        seen["slowest"][slowest[1]] = seen["slowest"].get(slowest[1], 0) + 1
-                    t_update = time.perf_counter()
-                    restored = guard.before_update(state, total, step)
-                    if restored is None:
-                        state = guard.carry(state, program.update(state, total, step))
+            while True:  # an epoch replayed with a smaller step (guard.end_epoch)
+                groups = [g for g in plan.groups(epoch)]
+                todo, skipped = [], step
+                for g in groups:  # groups fully before the resume point are not loaded
+                    if skipped + plan.group_steps(g) <= start:
+                        skipped += plan.group_steps(g)
                     else:
-                        state = restored
-                    seen["update"] += time.perf_counter() - t_update
-                    step += 1
-                    seen["steps"] += 1
-                    seen["rows"] += int(total.get("count", 0))
-                    if "loss" in total:
-                        seen["loss"] += float(np.sum(total["loss"]))
-                        seen["loss_rows"] += int(total.get("count", 0))
-                    if ckpt.due(step):
-                        ckpt.save(state, step)
-                    rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
-                    progress.update(1, epoch=epoch + 1, **{"rows/s": rate}, **program.metrics(total))
-                del current
+                        todo.append(g)
+                step = skipped
+                loaded = source.get(todo[0]) if todo else {}
+                for gi, group in enumerate(todo):
+                    current = loaded or source.get(group)
+                    loaded, prefetch = {}, todo[gi + 1] if gi + 1 < len(todo) else None
+                    n_slices = {c: plan.n_slices(c) for c in group}
+                    for j in range(plan.group_steps(group)):
+                        if step < start:
+                            step += 1
+                            continue
+                        payload = _ship(self.client, program.payload(state, step))
+                        for attempt in range(_STEP_RETRIES + 1):
+                            # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
+                            tag = f"{_key_label(program.label)}-step-{run[:8]}-{step}"
+                            futs = [self.client.submit(_run_step_partial, type(program).partial,
+                                                       payload, current[c],
+                                                       plan.row_slice(epoch, c, j),
+                                                       (data.X.name, c) if program.wants_chunk
+                                                       else None,
+                                                       *extra, run=run, **source.placement(c),
+                                                       key=f"{tag}-{c}-{attempt}",
+                                                       # before the prefetch of the next chunks, which
+                                                       # then runs while the client sums and updates
+                                                       priority=1)
+                                    for c in group if j < n_slices[c]]
+                            if prefetch is not None:
+                                # the next group's reads go out after this step's tasks, so
+                                # a worker starts the step first and reads while the client
+                                # sums and updates (a read sent first would make the step
+                                # wait for it: 25-40 ms a step on 2M x 32)
+                                loaded, prefetch = source.get(prefetch), None
+                            try:
+                                t_wait = time.perf_counter()
+                                total = tree_sum(self.client, futs)
+                                seen["wait"] += time.perf_counter() - t_wait
+                                break
+                            except CancelledError:
+                                # A worker died holding data this step needs (Dask cannot
+                                # recompute scattered data): send it again and redo the step,
+                                # a pure function of the state, so the model does not change.
+                                if attempt == _STEP_RETRIES:
+                                    raise
+                                source.refresh()
+                                current, loaded = source.get(group), {}
+                                payload = _ship(self.client, program.payload(state, step))
+                                extra = (() if constants is None
+                                         else (_ship(self.client, constants),))
+                        lane_seconds = float(total.pop("_seconds", 0.0))
+                        seen["compute"] += lane_seconds
+                        slowest = total.pop("_slowest", None)
+                        if slowest is not None and len(futs) > 1:
+                            # the other lanes waited, on average, max - mean for this one
+                            seen["straggle"] += slowest[0] - lane_seconds / len(futs)
+                            seen["slowest"][slowest[1]] = seen["slowest"].get(slowest[1], 0) + 1
+                        t_update = time.perf_counter()
+                        restored = guard.before_update(state, total, step)
+                        if restored is None:
+                            state = guard.carry(state, program.update(state, total, step))
+                        else:
+                            state = restored
+                        seen["update"] += time.perf_counter() - t_update
+                        step += 1
+                        seen["steps"] += 1
+                        seen["rows"] += int(total.get("count", 0))
+                        if "loss" in total:
+                            seen["loss"] += float(np.sum(total["loss"]))
+                            seen["loss_rows"] += int(total.get("count", 0))
+                        if ckpt.due(step) and step < first + per_epoch[epoch]:
+                            ckpt.save(guard.checkpoint_state(state), step)
+                        rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
+                        progress.update(1, epoch=epoch + 1, **{"rows/s": rate},
+                                        **program.metrics(total))
+                    del current
+                state, replay = guard.end_epoch(state, step)
+                if not replay:
+                    break
+                start = step = first
+                progress.total += per_epoch[epoch]
+                seen.update(loss=0.0, loss_rows=0, rows=0, steps=0)
+            if ckpt.due(step):  # after the judgement: a resume never judges it again
+                ckpt.save(guard.checkpoint_state(state), step)
             entry = {
                 "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
                 "loss": seen["loss"] / seen["loss_rows"] if seen["loss_rows"] else None,
-                "seconds": time.perf_counter() - seen["t0"]}
+                "seconds": time.perf_counter() - seen["t0"],
+                # halvings in this epoch: steps undone, or the epoch replayed
+                "step_backoffs": len(guard.backoffs) - backoffs_before}
+            if getattr(program, "supports_backoff", False):
+                entry["step_scale"] = float(state.get("step_scale", 1.0))
             entry.update(_time_budget(seen, entry["seconds"], plan.lanes))
             self.history.append(entry)
             _report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"],

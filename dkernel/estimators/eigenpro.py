@@ -187,9 +187,12 @@ class _EigenProBase(BaseEstimator):
             check_positive("step_size", self.step_size)
         if self.alpha is not None:
             check_positive("alpha", self.alpha)
-            if self.n_features is not None:
-                raise ValueError("alpha (the ridge penalty of the all-rows kernel solve) does not "
-                                 "apply to the random-feature form (n_features); leave alpha=None")
+            if self.step_size is not None and float(self.step_size) * float(self.alpha) >= 2:
+                raise ValueError(
+                    f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
+                    f"the ridge term alone makes the steps diverge (each scales the model by "
+                    f"1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
+                    f"{2 / float(self.alpha):.3g}, or leave it None")
         if self.damping is not None and not (0 < self.damping <= 1):
             raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         if self.kernel_cache not in ("auto",) + CACHE_MODES:
@@ -258,12 +261,7 @@ class _EigenProBase(BaseEstimator):
         if p < n:
             self._fit_nystrom(engine, client, data, val, bandwidth, encoding, rng, p)
             return
-        if self.alpha is not None:
-            raise ValueError(
-                f"alpha={self.alpha!r} is the ridge penalty of the all-rows Nystrom solve, used "
-                f"when n_centers is below the {n} training rows; with every row a center "
-                f"(n_centers={self.n_centers!r}) the fit interpolates and n_epochs regularises it: "
-                "leave alpha=None or set n_centers < n")
+        ridge = 0.0 if self.alpha is None else float(self.alpha)
         mode = self._cache_mode(client, data, p)
         # the fill reads every chunk on its home anyway: the centers come from those reads
         chunks, homes = engine.resident_chunks(data) if mode != "off" else (None, None)
@@ -279,7 +277,8 @@ class _EigenProBase(BaseEstimator):
                                             max_batch=max_batch, n_chunks=16,
                                             random_state=self.random_state_)
         q = pre.q
-        m_star = critical_batch(beta, pre.new_top)
+        # alpha raises the operator's eigenvalues by alpha (solvers.eigenpro's docstring)
+        m_star = critical_batch(beta + ridge, pre.new_top + ridge)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
         token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
         resident = None
@@ -299,7 +298,7 @@ class _EigenProBase(BaseEstimator):
                 print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "
                       f"{time.perf_counter() - t_fill:.1f}s", flush=True)
         program = KernelEigenProProgram(centers, sub_idx, pre, self.kernel, bandwidth, encoding, beta,
-                                        data.row_offsets(), mode, token)
+                                        data.row_offsets(), mode, token, ridge=ridge)
         if self.step_size is not None:
             program.eta_override = float(self.step_size)
         evaluate = None
@@ -317,9 +316,9 @@ class _EigenProBase(BaseEstimator):
         self.coef_ = state["coef"]
         self.n_centers_ = p
         self.n_rows_used_ = n
-        self.alpha_ = None
+        self.alpha_ = ridge
         self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
-                         pre.new_top, eig.method, mode, s)
+                         pre.new_top, eig.method, mode, s, ridge)
 
     def _fit_nystrom(self, engine: Engine, client: Any, data: Dataset, val: Dataset | None,
                      bandwidth: float, encoding: TargetEncoding, rng: np.random.Generator,
@@ -437,10 +436,14 @@ class _EigenProBase(BaseEstimator):
             q=self.q, label="eigenpro-rf preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0 + read_seconds
         q = pre.q
-        m_star = critical_batch(beta, pre.new_top)
+        ridge = 0.0 if self.alpha is None else float(self.alpha)
+        # P, beta, m* and eta of H + alpha I, the curvature of the penalised objective
+        # (solvers.eigenpro_rf's docstring)
+        shifted = pre.shifted(ridge)
+        m_star = critical_batch(beta + ridge, shifted.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
-        program = FeatureEigenProProgram(features, n_blocks, pre, encoding, beta,
-                                         cache_blocks=int(self.n_epochs) > 1)
+        program = FeatureEigenProProgram(features, n_blocks, shifted, encoding, beta + ridge,
+                                         cache_blocks=int(self.n_epochs) > 1, ridge=ridge)
         if self.step_size is not None:
             program.eta_override = float(self.step_size)
         evaluate = None
@@ -454,8 +457,9 @@ class _EigenProBase(BaseEstimator):
         self.form_ = "features"
         self.features_ = features
         self.coef_ = state["theta"]
+        self.alpha_ = ridge
         self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
-                         pre.new_top, eig.method, "worker-cache", s)
+                         pre.new_top, eig.method, "worker-cache", s, ridge)
 
     def _run(self, engine: Engine, data: Dataset, program: Any, batch: int, evaluate: Any,
              key: str, resident: dict | None = None) -> dict:
@@ -496,7 +500,8 @@ class _EigenProBase(BaseEstimator):
 
     def _set_common(self, bandwidth: float, encoding: TargetEncoding, n_inputs: int,
                     eigenvalues: np.ndarray, q: int, batch: int, m_star: float, beta: float,
-                    lam_new: float, method: str, cache_mode: str, s: int | None) -> None:
+                    lam_new: float, method: str, cache_mode: str, s: int | None,
+                    ridge: float = 0.0) -> None:
         self.bandwidth_ = float(bandwidth)
         self.encoding_ = encoding
         self.n_features_in_ = int(n_inputs)
@@ -505,7 +510,8 @@ class _EigenProBase(BaseEstimator):
         self.batch_size_ = int(batch)
         self.critical_batch_ = float(m_star)
         self.beta_ = float(beta)
-        eta = self.step_size if self.step_size is not None else step_size(batch, beta, lam_new)
+        eta = (self.step_size if self.step_size is not None
+               else step_size(batch, beta + ridge, lam_new + ridge))
         self.step_size_ = float(eta)
         self.eigensolver_ = method
         self.kernel_cache_ = cache_mode
@@ -560,11 +566,12 @@ class _EigenProBase(BaseEstimator):
                 "eigensolver": self.eigensolver_, "kernel_cache": self.kernel_cache_,
                 "subsample_size": self.subsample_size_,
                 "lanes": getattr(self, "lanes_", None),
-                "step_backoffs": getattr(self, "step_backoffs_", []), **history_meta(self)}
+                "step_backoffs": getattr(self, "step_backoffs_", []),
+                "alpha": getattr(self, "alpha_", None), **history_meta(self)}
         if self.form_ == "kernel":
             arrays["centers"] = self.centers_
             meta.update(solver=self.solver_, n_centers=self.n_centers_,
-                        n_rows_used=self.n_rows_used_, alpha=self.alpha_)
+                        n_rows_used=self.n_rows_used_)
         else:
             meta["features"] = self.features_.to_dict()
         return arrays, meta
@@ -580,10 +587,10 @@ class _EigenProBase(BaseEstimator):
             self.solver_ = meta.get("solver", "eigenpro")
             self.n_centers_ = meta.get("n_centers", int(self.centers_.shape[0]))
             self.n_rows_used_ = meta.get("n_rows_used", self.n_centers_)
-            self.alpha_ = meta.get("alpha")
         else:
             self.features_ = FeatureMap.from_dict(meta["features"])
         self.encoding_ = enc
+        self.alpha_ = meta.get("alpha")  # None in files of the SGD routes before alpha
         self.bandwidth_ = meta["bandwidth"]
         self.n_features_in_ = meta["n_features_in"]
         self.eigenvalues_ = arrays.get("eigenvalues")
@@ -646,9 +653,13 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         client, O(p^3)).  Fewer centers than rows never drops rows: every row
         is fitted through the Nystrom objective.
     alpha : float, optional
-        Ridge penalty lambda of the all-rows Nystrom solve (fewer centers than
-        rows); None: 1e-6.  Not used when every row is a center (that fit
-        interpolates; ``n_epochs`` regularises it) -- giving it there is an error.
+        Ridge penalty, the same on every route: min (1/n) |K a - y|^2 +
+        alpha a^T K a (Rudi et al. eq. 8; K_nM and K_MM with fewer centers than
+        rows, |theta|^2 for the random-feature form), whose every-row-a-center
+        solution is scikit-learn's ``KernelRidge(alpha=n * alpha)``.  The SGD
+        routes' step and critical batch count alpha's curvature (beta + alpha,
+        lambda' + alpha).  None: 1e-6 in the all-rows solve, 0 on the SGD
+        routes (they interpolate; ``n_epochs`` regularises them).
     n_features : int, optional
         D random features: selects the random-feature form.
     q : int, optional
@@ -696,8 +707,8 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         Every row a center (Table 2 SGD), or fewer centers than rows (CG).
     n_centers_, n_rows_used_ : int, kernel form
         Centers p and training rows that entered the fit (always all n).
-    alpha_ : float or None
-        The ridge penalty of the all-rows solve (None when every row is a center).
+    alpha_ : float
+        The ridge penalty the fit used (0.0 for alpha=None on the SGD routes).
     eigenvalues_ : ndarray (q + 1,) or None
         Top eigenvalues of K(S, S) / s (or of the feature covariance); None
         for the all-rows solve, which has no eigensystem.

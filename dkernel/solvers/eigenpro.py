@@ -20,6 +20,26 @@ lambda' = lambda_1 / (lambda_1 / lambda_{q+1})^alpha, the critical batch
 m* = beta / lambda' + 1 and eta = m / beta if m < m*, else
 0.99 * 2m / (beta + (m - 1) lambda').  All outputs share one preconditioner.
 
+Ridge penalty (``alpha`` > 0).  The objective is the Nystrom route's
+(:mod:`dkernel.solvers.falkon`, Rudi et al. eq. 8) with every row a center,
+
+    min_a (1/n) |K a - y|^2 + alpha a^T K a,     a = (K + n alpha I)^{-1} y
+
+(scikit-learn's ``KernelRidge(alpha=n alpha)``).  Half its functional
+gradient on a mini-batch is G = (1/m) sum_b g_i k(x_i, .) + alpha f, so the
+step above takes the ridge term too, and the correction is made from G on S,
+K(S, X_b) g + m alpha f(S), not from the data term alone (a correction of the
+data term only would move the fixed point off the ridge solution):
+
+    a     <- (1 - eta alpha) a
+    a[b]  -= (eta / m) g
+    a[S]  += (eta / m) E D E^T (K(S, X_b) g + m alpha f(S))
+
+f(S) = K(S, C) a is carried in the state and updated with each step (its
+change from the correction is K(S, S) E D E^T u = V diag(lambda d) V^T u, no
+kernel products).  alpha raises every eigenvalue of the operator by alpha, so
+the step rule takes beta + alpha and lambda' + alpha.
+
 Kernel rows K(X_c, C) of the chunks a worker holds (filled before epoch 1 by
 :func:`dkernel.solvers.kernel_rows.symmetric_fill`, each chunk pair once) are kept in the engine's
 bounded worker cache (:mod:`dkernel.engine.cache`) when the estimator found
@@ -176,6 +196,12 @@ class KernelPreconditioner:
         V = self.vectors
         return V @ ((self.diag / s)[:, None] * (V.T @ kg))
 
+    def kernel_correction(self, kg: np.ndarray) -> np.ndarray:
+        """K(S, S) E D E^T kg = V diag(lambda d) V^T kg (K(S, S) V = s V Lambda):
+        the change of f(S) that the correction makes."""
+        V = self.vectors
+        return V @ ((self.values[: self.q] * self.diag)[:, None] * (V.T @ kg))
+
 
 # --- worker side of a step ---------------------------------------------------------
 def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
@@ -239,13 +265,19 @@ class KernelEigenProProgram(StepProgram):
     eta_override: float | None = None
     #: set by early stopping; read by the engine after each epoch.
     stop: bool = False
+    #: the ridge penalty alpha of (1/n)|K a - y|^2 + alpha a^T K a (module docstring)
+    ridge: float = 0.0
 
     partial = staticmethod(eigenpro_kernel_partial)
     wants_chunk = True
     supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:
-        return {"coef": np.zeros((self.centers.shape[0], self.encoding.n_outputs))}
+        c = self.encoding.n_outputs
+        state = {"coef": np.zeros((self.centers.shape[0], c))}
+        if self.ridge > 0:
+            state["f_sub"] = np.zeros((len(self.sub_idx), c))  # f(S) = K(S, C) a
+        return state
 
     def constants(self) -> dict[str, Any]:
         C = self.centers
@@ -260,12 +292,21 @@ class KernelEigenProProgram(StepProgram):
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         m = int(total["count"])
-        eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
+        nu = self.ridge
+        eta = self.eta_override or step_size(m, self.beta + nu, self.preconditioner.new_top + nu)
         lr = state.get("step_scale", 1.0) * eta / m  # halved by the engine's divergence guard
         a = state["coef"]
+        kg = total["kg"]
+        if nu > 0:  # the ridge term alpha f of the gradient (module docstring)
+            f_sub = state["f_sub"]
+            G_S = kg + (m * nu) * f_sub
+            a *= 1.0 - lr * m * nu
+            f_sub *= 1.0 - lr * m * nu
+            f_sub += lr * (self.preconditioner.kernel_correction(G_S) - kg)
+            kg = G_S
         for ids, g in zip(total["ids"], total["g"]):
             a[ids] -= lr * g  # Table 2, line 9: the batch coordinates
-        a[self.sub_idx] += lr * self.preconditioner.correction(total["kg"])  # the EigenPro correction
+        a[self.sub_idx] += lr * self.preconditioner.correction(kg)  # the EigenPro correction
         return {**state, "coef": a}
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
@@ -274,7 +315,9 @@ class KernelEigenProProgram(StepProgram):
     def fingerprint(self) -> dict[str, Any]:
         return {"solver": "eigenpro", "kernel": self.kernel, "bandwidth": float(self.bandwidth),
                 "centers": self.centers_token, "q": self.preconditioner.q,
-                "alpha": self.preconditioner.alpha, "n_outputs": self.encoding.n_outputs}
+                "alpha": self.preconditioner.alpha, "n_outputs": self.encoding.n_outputs,
+                # (only when set: checkpoints of unpenalised fits keep their fingerprint)
+                **({"ridge": self.ridge} if self.ridge > 0 else {})}
 
 
 def kernel_block(params: dict, X: Any) -> Any:

@@ -14,6 +14,12 @@ One step on a mini-batch of m rows (Table 1, lines 6-7):
 
 beta = max_x |z(x)|^2; for tau <= 1 the preconditioned top eigenvalue is
 lambda' = lambda_{q+1}, and m*, eta follow the kernel form (DESIGN 2.4).
+
+Ridge penalty (``alpha`` > 0): min_theta (1/n) |Z theta - y|^2 + alpha |theta|^2,
+the kernel form's (1/n) |K a - y|^2 + alpha a^T K a with |theta|^2 for the
+RKHS norm a^T K a (Rudi et al. eq. 8; the same alpha on every route).  The
+step takes g + alpha theta, and P, beta and m*, eta are those of H + alpha I
+(every eigenvalue raised by alpha), as DSG's preconditioned steps do.
 Workers keep Z(X_c) of their chunks in the engine's bounded cache.
 """
 
@@ -168,6 +174,9 @@ class FeatureEigenProProgram(StepProgram):
     stop: bool = False
     #: keep feature blocks in the worker cache (worth it when epochs revisit them)
     cache_blocks: bool = True
+    #: the ridge penalty alpha of (1/n)|Z theta - y|^2 + alpha |theta|^2; ``preconditioner``
+    #: and ``beta`` are then those of H + alpha I (module docstring)
+    ridge: float = 0.0
 
     partial = staticmethod(eigenpro_rf_partial)
     wants_chunk = True
@@ -186,7 +195,10 @@ class FeatureEigenProProgram(StepProgram):
         eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
         eta *= state.get("step_scale", 1.0)
         theta = state["theta"]
-        theta -= eta * self.preconditioner.apply(total["grad"] / m)  # Table 1, line 7
+        g = total["grad"] / m
+        if self.ridge > 0:
+            g = g + self.ridge * theta
+        theta -= eta * self.preconditioner.apply(g)  # Table 1, line 7
         return {**state, "theta": theta}
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
@@ -199,4 +211,5 @@ class FeatureEigenProProgram(StepProgram):
     def fingerprint(self) -> dict[str, Any]:
         return {"solver": "eigenpro-rf", "features": self.features.to_dict(), "n_blocks": self.n_blocks,
                 "q": self.preconditioner.q, "tau": self.preconditioner.tau,
-                "n_outputs": self.encoding.n_outputs}
+                "n_outputs": self.encoding.n_outputs,
+                **({"ridge": self.ridge} if self.ridge > 0 else {})}
