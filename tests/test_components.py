@@ -47,6 +47,7 @@ def _two_views(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("steps, settings", [
     ("block", {"batch_size": 256, "n_epochs": 30}),
     ("power", {}),  # whole-pool power steps at their defaults: 40 steps of n / 8 rows
+    ("auto", {}),  # 2000 rows: exact steps
 ])
 def test_kpca_subspace_matches_exact_kernel_pca(client, steps, settings):
     n, k, bw = 2000, 4, 1.5
@@ -58,12 +59,14 @@ def test_kpca_subspace_matches_exact_kernel_pca(client, steps, settings):
     if steps == "power":
         assert model.batch_size_ == 250 and model.lanes_ == 2  # n / 8 rows; a lane per thread
         assert model.step_size_ is None and model.step_decay_ is None
+    if steps == "auto":
+        assert model.steps_ == "exact" and model.step_size_ is None and model.batch_size_ is None
     Z = model.transform(X)
     sin2 = np.sin(subspace_angles(Z, U[:, :k])) ** 2
     # Tolerance: the gap lambda_4 - lambda_5 = 0.035 is small, 4096 random
     # features approximate the kernel to ~1/sqrt(4096) = 0.016 per entry, and
     # the last steps add O(eta) mini-batch noise; measured max sin^2 = 0.013
-    # (block steps), 0.0137 (power steps).
+    # (block steps), 0.0137 (power steps), 0.0097 (exact steps: the features' error alone).
     # A wrong subspace (e.g. missing the 4th component) has sin^2 near 1.
     assert sin2.max() < 0.05, sin2
     # the scores are centred and ordered, with variances near the exact eigenvalues
@@ -111,7 +114,7 @@ def test_ksvd_power_steps_survive_a_two_row_last_step(client, seed):
     KPCA's do: 2050 rows end the fit on the 2-row chunk with these seeds."""
     k = 2
     X, Y = _two_views(2050, 4)
-    model = KernelSVD(k, bandwidth=1.0, n_features=1024, random_state=seed,
+    model = KernelSVD(k, bandwidth=1.0, n_features=1024, random_state=seed, steps="power",
                       client=client).fit(X, Y)
     from dkernel.data import ChunkPlan, open_dataset
 
@@ -208,20 +211,23 @@ def test_cli_fits_kpca_with_power_steps_and_the_model_keeps_its_settings(client,
     assert model.history_[-1]["steps"] == 8
 
 
-@pytest.mark.parametrize("steps, expected", [(None, ("power", 2, 250)),
-                                              ("block", ("block", 4, 512))])
-def test_cli_fits_ksvd_with_either_steps_and_the_model_keeps_its_settings(client, tmp_path,
-                                                                          steps, expected):
+@pytest.mark.parametrize("steps, epochs, expected", [
+    (None, [], ("exact", None, None)),  # few rows and no iterative setting: exact steps
+    (None, ["--epochs", "1"], ("power", 2, 250)),
+    ("power", [], ("power", 2, 250)),
+    ("block", ["--epochs", "1"], ("block", 4, 512))])
+def test_cli_fits_ksvd_with_each_steps_and_the_model_keeps_its_settings(client, tmp_path, steps,
+                                                                        epochs, expected):
     X, Y = _two_views(2000, 5)
     store = write_store(tmp_path / "views.zarr", X, Y, chunk_rows=500)
     out = tmp_path / "ksvd.npz"
     args = ["fit", str(store), "--solver", "ksvd", "--y-view", "--components", "2",
-            "--features", "512", "--epochs", "1", "--workers", "2", "--out", str(out), "--quiet"]
+            "--features", "512", "--workers", "2", "--out", str(out), "--quiet"] + epochs
     assert main(args + (["--steps", steps] if steps else [])) == 0
     model = load_model(out)
     assert isinstance(model, KernelSVD)
     assert (model.steps_, model.lanes_, model.batch_size_) == expected
-    assert (model.step_size_ is None) == (expected[0] == "power")
+    assert (model.step_size_ is None) == (expected[0] != "block")
 
 
 def test_ksvd_file_from_before_power_steps_loads_as_block_steps(client, tmp_path):
@@ -249,7 +255,7 @@ def test_ksvd_power_steps_refuse_the_block_steps_settings_by_name():
     X, Y = _two_views(200, 0)
     with pytest.raises(ValueError, match="step_size=0.1 applies to block steps.*steps='block'"):
         KernelSVD(2, steps="power", step_size=0.1).fit(X, Y)
-    with pytest.raises(ValueError, match="steps must be 'auto', 'block' or 'power'"):
+    with pytest.raises(ValueError, match="steps must be 'auto', 'block', 'power' or 'exact'"):
         KernelSVD(2, steps="oja").fit(X, Y)
 
 
@@ -259,7 +265,7 @@ def test_kpca_power_steps_refuse_the_block_steps_settings_by_name(client, settin
     name = next(iter(setting))
     with pytest.raises(ValueError, match=f"{name}=.*power steps.*steps='block'"):
         KernelPCA(2, steps="power", **setting).fit(_anisotropic(200, 0))
-    with pytest.raises(ValueError, match="steps must be 'auto', 'block' or 'power'"):
+    with pytest.raises(ValueError, match="steps must be 'auto', 'block', 'power' or 'exact'"):
         KernelPCA(2, steps="oja").fit(_anisotropic(200, 0))
     # steps="auto" (the default) takes the block steps that the setting belongs to
     model = KernelPCA(2, n_features=256, n_epochs=1, client=client, **setting)

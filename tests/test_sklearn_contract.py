@@ -42,8 +42,10 @@ CHECKED = [
     EigenProRegressor(n_epochs=3, n_centers=100),
     KernelPCA(2, n_features=256, n_epochs=1),
     KernelPCA(2, n_features=256, n_epochs=1, steps="power"),
+    KernelPCA(2, n_features=256),  # exact steps on small data
     StreamingKernelPCA(2, n_features=256),
     KernelSVD(2, n_features=256, n_epochs=1),
+    KernelSVD(2, n_features=256),  # exact steps on small data
     # Xie's Alg. 4 as printed: the warm start and the preconditioner are dense
     # solves that cost seconds even on the checks' 10-row inputs
     KernelCCA(2, n_features=256, n_epochs=1, init="random", preconditioner=None),

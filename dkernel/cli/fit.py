@@ -380,10 +380,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument(
         "--steps",
-        choices=("auto", "block", "power"),
-        help="kpca, ksvd: 'power' (whole-pool power steps on wide batches, for data on a "
-        "cluster), 'block' (Xie et al.'s Alg. 1-3, one feature block a step) or 'auto' "
-        "(default: power, unless --step-size or --step-decay asks for block steps)",
+        choices=("auto", "exact", "block", "power"),
+        help="kpca, ksvd: 'exact' (subspace iteration over all rows, a dozen passes), "
+        "'power' (whole-pool power steps on wide batches, for data on a cluster), 'block' "
+        "(Xie et al.'s Alg. 1-3, one feature block a step) or 'auto' (default: exact below "
+        "65536 rows unless --epochs, --batch-size, --lanes or --checkpoint-every is given, "
+        "else power, unless --step-size or --step-decay asks for block steps)",
     )
     g.add_argument(
         "--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import dask.array as da
@@ -35,6 +36,7 @@ from dkernel.solvers.components import (
     ComponentProgram,
     PowerProgram,
     centred_moments,
+    exact_coefficients,
     moments_partial,
     moments_payload,
     pool_gram,
@@ -118,21 +120,29 @@ _DOC_POWER = _DOC_COMMON.replace(
         Block steps only.  theta_1""")
 
 _DOC_POWER_ATTRIBUTES = """    steps_ : str
-        "block" or "power", as ``steps`` resolved.
-    lanes_, batch_size_ : int
-        The resolved ``lanes`` and ``batch_size`` (the model depends on them).
+        "block", "power" or "exact", as ``steps`` resolved.
+    lanes_, batch_size_ : int or None
+        The resolved ``lanes`` and ``batch_size`` (the model depends on them);
+        None for exact steps.
     step_size_, step_decay_ : float or None
-        The block steps' theta_0 and theta_1; None for power steps.
+        The block steps' theta_0 and theta_1; None for power and exact steps.
 """
 
-_DOC_STEPS = """    steps : {{"auto", "block", "power"}}, default="auto"
+_DOC_STEPS = """    steps : {{"auto", "exact", "power", "block"}}, default="auto"
         "block": Xie et al.'s algorithm, one block of ``block_size`` features
         per step on ``batch_size`` rows.  "power": every step is a power step
         on the whole pool over a wide batch (the noisy power method, module
         docstring of :mod:`dkernel.solvers.components`), which has no step
         size: a block step's fixed cost dominates its compute on a cluster
-        (docs/scaling.md).  "auto": power steps, unless a setting only block
-        steps have is given ({block_only}), which selects block steps.
+        (docs/scaling.md).  "exact": the solution on the pool over all rows,
+        by subspace iteration with 20 extra directions, a dozen passes over
+        the rows (no epochs, batches or checkpoints).  "auto": "exact" below
+        65536 rows when no iterative setting (n_epochs, batch_size, lanes,
+        checkpoint) is given, since a power step converges to its own
+        batch's subspace and on few rows a batch is a few hundred rows
+        (power steps on 300 rows missed exact kernel PCA by sin^2 0.13);
+        else power steps, unless a setting only block steps have is given
+        ({block_only}), which selects block steps.
         Stored as ``steps_``.
 """
 
@@ -155,6 +165,12 @@ _STEP_SCALE = {"kpca": 1.0, "ksvd": 1.0, "kcca": 0.5}
 #: reached 44.79 after 2 epochs and 45.08 after 10 with 1e-3, 45.15 after 2
 #: and 45.30 after 10 with 1e-2.
 _STEP_DECAY = {"block": 1e-3, "whole_pool": 1e-2}
+
+#: steps="auto" takes exact steps below this many rows: there a power step's
+#: batch (n / 8) is under 8192 rows, and power steps on 300 rows (38 a step)
+#: missed exact kernel PCA by sin^2 0.13 (benchmarks/quality.py, KernelPCA
+#: n=300), where exact steps cost a dozen passes of n D (k + 20) products.
+_EXACT_ROWS = 65536
 
 
 def _auto_step(method: str, samples: list, features: list, center: bool) -> float:
@@ -212,18 +228,63 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
     _block_only: tuple[tuple[str, Any], ...] = (("step_size", "auto"), ("step_decay", "auto"))
 
     def _resolve_steps(self) -> str:
-        """``steps`` resolved: "power" or "block" (the estimators' docstrings)."""
-        if self.steps not in ("auto", "block", "power"):
-            raise ValueError(f"steps must be 'auto', 'block' or 'power', got {self.steps!r}")
+        """``steps`` resolved before the data is seen: "power", "block" or
+        "exact" (the estimators' docstrings); :meth:`_resolve_exact` may turn
+        an automatic "power" into "exact" once the rows are counted."""
+        if self.steps not in ("auto", "block", "power", "exact"):
+            raise ValueError(
+                f"steps must be 'auto', 'block', 'power' or 'exact', got {self.steps!r}")
         given = [(name, getattr(self, name)) for name, default in self._block_only
                  if getattr(self, name) != default]
-        if self.steps == "power" and given:
+        if self.steps in ("power", "exact") and given:
             name, value = given[0]
-            raise ValueError(f"{name}={value!r} applies to block steps; power steps "
-                             f"(steps='power') have none: leave {name} at its default "
+            raise ValueError(f"{name}={value!r} applies to block steps; {self.steps} steps "
+                             f"(steps={self.steps!r}) have none: leave {name} at its default "
                              "or use steps='block'")
+        if self.steps == "exact":
+            given = self._iterative_given()
+            if given:
+                name, value = given[0]
+                raise ValueError(f"{name}={value!r} applies to iterative steps; steps='exact' "
+                                 "is one pass with nothing to tune or checkpoint: leave "
+                                 f"{name} at its default or use steps='auto'")
+            return "exact"
         return "power" if self.steps == "power" or (self.steps == "auto" and not given) \
             else "block"
+
+    #: Settings only iterative (power or block) steps use, and their defaults.
+    _iterative_only: tuple[tuple[str, Any], ...] = (
+        ("n_epochs", 5), ("batch_size", "auto"), ("lanes", "auto"), ("checkpoint", None),
+        ("checkpoint_every", 0), ("resume", False))
+
+    def _iterative_given(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name, default in self._iterative_only
+                if getattr(self, name) != default]
+
+    def _resolve_exact(self, steps: str, n_rows: int) -> str:
+        """An automatic "power" becomes "exact" below ``_EXACT_ROWS`` rows when no
+        iterative setting was given: a power step converges to the top
+        subspace of its own batch's covariance, and on few rows the batch is
+        a few hundred rows (solvers/components.py, "Exact steps")."""
+        if (self.steps == "auto" and steps == "power" and not self._iterative_given()
+                and n_rows < _EXACT_ROWS):
+            return "exact"
+        return steps
+
+    def _exact(self, data: Any, client: Any, features: tuple, n_blocks: int,
+               engine: Engine) -> tuple[dict, dict]:
+        """Exact steps: the coefficients in one pass, then the moments pass."""
+        t0 = time.perf_counter()
+        self.step_size_ = self.step_decay_ = None
+        self.lanes_ = self.batch_size_ = None
+        coefs = exact_coefficients(engine, data, features, n_blocks, int(self.n_components),
+                                   bool(self.center), self.random_state_,
+                                   label=f"{self._method} exact")
+        total = engine.map_reduce(data, moments_partial, moments_payload(features, coefs, False),
+                                  label="moments", wants_chunk=True)
+        self.history_ = [{"epoch": 1, "loss": None, "steps": 1, "rows": int(data.n_rows),
+                          "seconds": time.perf_counter() - t0}]
+        return {f"coef{s}": c for s, c in enumerate(coefs)}, total
 
     def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
         """lanes_ and batch_size_.  "auto" for block steps is Xie et al.'s
@@ -411,20 +472,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
         steps = self._resolve_steps()
         X, _, _ = validate_fit_input(self, X, target="none")
-        self.steps_ = steps
-        power = steps == "power"
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X)
         data.y = None
+        B, n_blocks = self._pool()
+        self.steps_ = steps = self._resolve_exact(steps, data.n_rows)
+        power = steps == "power"
         with connect(self.client) as client:
             sample = sample_rows(data, self.random_state_, client)
             bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            B, n_blocks = self._pool()
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
             engine = Engine(client, self._engine_options())
-            self._resolve_width(engine, data, n_blocks * B, power)
+            if steps != "exact":
+                self._resolve_width(engine, data, n_blocks * B, power)
             common = dict(center=bool(self.center), seed=self.random_state_)
-            if power:
+            if steps == "exact":
+                program = None
+            elif power:
                 program = self._power_program((features,), n_blocks, data, **common)
             else:
                 self.step_size_ = (
@@ -436,7 +500,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                 program = ComponentProgram("kpca", (features,), n_blocks, int(self.n_components),
                                            self.step_size_, self.step_decay_,
                                            gha=self.ordering == "gha", label="kpca", **common)
-            state, total = self._run(data, client, program, engine)
+            if program is None:
+                state, total = self._exact(data, client, (features,), n_blocks, engine)
+            else:
+                state, total = self._run(data, client, program, engine)
         mean, M = centred_moments(total, bool(self.center))
         E, lam = rotate_pca(M)
         self._set_fitted(features, state["coef0"] @ E, mean @ E, lam)
@@ -530,11 +597,11 @@ class _TwoViewBase(_ComponentsBase):
                 "array 'y' holds the second view"
             )
         X, y, _ = validate_fit_input(self, X, y, target="view")
-        if steps is not None:
-            self.steps_ = steps
-        power = steps == "power"
         self.random_state_ = resolve_random_state(self.random_state)
         data = open_dataset(X, y, require_y=True)
+        if steps is not None:
+            self.steps_ = steps = self._resolve_exact(steps, data.n_rows)
+        power = steps == "power"
         if data.y.ndim == 1:
             data.y = data.y.reshape(-1, 1)
             if data.host is not None:
@@ -558,9 +625,11 @@ class _TwoViewBase(_ComponentsBase):
             init, pre = self._start(data, client, (fx, fy), n_blocks)
             self.preconditioners_ = pre
             engine = Engine(client, self._engine_options())
-            if self._method == "ksvd":  # a row costs both views' features
+            if self._method == "ksvd" and steps != "exact":  # a row costs both views' features
                 self._resolve_width(engine, data, 2 * n_blocks * B, power)
-            if power:
+            if steps == "exact":
+                program = None
+            elif power:
                 program = self._power_program((fx, fy), n_blocks, data,
                                               center=bool(self.center), seed=self.random_state_)
             else:
@@ -587,7 +656,10 @@ class _TwoViewBase(_ComponentsBase):
                     init=init,
                     preconditioners=pre,
                 )
-            state, total = self._run(data, client, program, engine)
+            if program is None:
+                state, total = self._exact(data, client, (fx, fy), n_blocks, engine)
+            else:
+                state, total = self._run(data, client, program, engine)
         k = int(self.n_components)
         mean, M = centred_moments(total, bool(self.center))
         A, Bc = state["coef0"], state["coef1"]

@@ -26,6 +26,14 @@ from dkernel.estimators.history import history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.solvers import oja
 
+#: n_passes="auto" streams at least this many rows, in at most _MAX_PASSES passes:
+#: one pass over 300 rows missed exact kernel PCA by sin^2 0.56 and one over 2000
+#: rows of 784 inputs by 0.19; 9 passes over the 2000 rows met it to 0.016, 8 and
+#: 16 over the 300 rows to 0.012 and 0.031 (benchmarks/quality.py).  The cap keeps
+#: a fit on a few dozen rows (scikit-learn's checks) to a few dozen tasks.
+_STREAM_ROWS = 16384
+_MAX_PASSES = 16
+
 
 class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song, Wang, Zhang).
@@ -58,6 +66,14 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         update); False is the paper's uncentred covariance.
     block_rows : int, default=512
         Rows per exact triangular block (memory b^2 per block).
+    n_passes : int or "auto", default="auto"
+        Passes over the rows, in the same order, as one stream of
+        ``n_passes`` x n rows (the step and the Rayleigh quotients' second
+        half count the whole stream).  "auto": one pass when there are at
+        least 16384 rows, else enough passes to stream that many, at most
+        16: one pass over 300 rows missed exact kernel PCA by sin^2 0.56, as
+        the stream noise of Oja's rule falls with the rows it sees
+        (benchmarks/quality.py).  Resolved value: ``n_passes_``.
     random_state : int, RandomState, Generator or None, default=0
         Seed of the features and the start; anything but an int becomes one
         integer seed at fit, stored as ``random_state_``.
@@ -80,6 +96,8 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``transform`` subtracts it.
     eta_ : float
         The step used.
+    n_passes_ : int
+        Passes over the rows, as ``n_passes`` resolved.
     """
 
     def __init__(
@@ -92,6 +110,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         step_size: float | str = "auto",
         center: bool = True,
         block_rows: int = 512,
+        n_passes: int | str = "auto",
         random_state: int = 0,
         client: Any = None,
         verbose: bool = False,
@@ -106,6 +125,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.step_size = step_size
         self.center = center
         self.block_rows = block_rows
+        self.n_passes = n_passes
         self.random_state = random_state
         self.client = client
         self.verbose = verbose
@@ -114,10 +134,13 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.resume = resume
 
     def fit(self, X: Any, y: Any = None) -> StreamingKernelPCA:
-        """One pass over X (array or store path); y is ignored."""
+        """One pass over X (array or store path; more on few rows, ``n_passes``);
+        y is ignored."""
         check_common_params(self)
         check_positive("n_components", self.n_components, integer=True)
         check_positive("block_rows", self.block_rows, integer=True)
+        if self.n_passes != "auto":
+            check_positive("n_passes", self.n_passes, integer=True)
         if self.step_size != "auto":
             check_positive("step_size", self.step_size)
         if self.n_components > self.n_features:
@@ -136,10 +159,13 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             B = min(256, int(self.n_features))
             n_blocks = math.ceil(int(self.n_features) / B)
             features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
+            auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
+            self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
+                                       else auto_passes)
             if self.step_size == "auto":
                 Zs = oja.features_of({"features": features, "n_blocks": n_blocks}, sample)
                 lam, max_sq = oja.sample_spectrum(Zs, int(self.n_components), center)
-                eta = oja.theorem_step(data.n_rows, n_blocks * B, lam, max_sq)
+                eta = oja.theorem_step(passes * data.n_rows, n_blocks * B, lam, max_sq)
             else:
                 eta = float(self.step_size)
             payload = {
@@ -147,7 +173,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 "n_blocks": n_blocks,
                 "eta": eta,
                 "block_rows": int(self.block_rows),
-                "n_total": data.n_rows,
+                "n_total": passes * data.n_rows,
                 "center": center,
             }
             state = oja.init_state(
@@ -159,7 +185,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 oja.oja_fold,
                 state,
                 payload,
-                n_epochs=1,
+                n_epochs=passes,
                 fingerprint=oja.fingerprint(payload),
                 label="oja",
                 pass_start=True,
@@ -167,10 +193,10 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         V, lam = oja.ordered(state)
         mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])
         self._set_fitted(features, n_blocks, V, lam, eta, mean)
-        # one pass: its length, and the variance the components capture over
+        # one stream: its length, and the variance the components capture over
         # the second half of the stream (the Rayleigh quotients above)
-        self.history_ = [{"epoch": 1, "rows": int(data.n_rows), "seconds": time.perf_counter() - t0,
-                          "variance": float(lam.sum())}]
+        self.history_ = [{"epoch": 1, "rows": passes * int(data.n_rows),
+                          "seconds": time.perf_counter() - t0, "variance": float(lam.sum())}]
         return self
 
     def _set_fitted(
@@ -223,6 +249,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 "features": self.features_.to_dict(),
                 "n_blocks": self.n_blocks_,
                 "eta_": self.eta_,
+                "n_passes_": getattr(self, "n_passes_", 1),
                 **history_meta(self),
             },
         )
@@ -237,6 +264,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             meta.get("eta_", meta.get("step_size_")),  # files before eta_ named it step_size_
             arrays["mean"] if "mean" in arrays else np.zeros(V.shape[0]),
         )
+        self.n_passes_ = int(meta.get("n_passes_", 1))  # files before n_passes made one
         set_history(self, meta)
 
 

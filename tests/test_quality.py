@@ -1,0 +1,28 @@
+"""The quality matrix's slice (benchmarks/quality.py --quick): each estimator at
+its default settings, on a few regimes, against an exact or trusted reference,
+with the tolerances the benchmark states before it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+_spec = importlib.util.spec_from_file_location("dkernel_quality_matrix", _PATH)
+quality = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality)
+
+CELLS = quality.cells([], quick=True)
+
+
+def test_the_slice_covers_every_estimator():
+    assert {name for name, _ in CELLS} == set(quality.ESTIMATORS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, regime", CELLS, ids=[f"{n}-{r.name}" for n, r in CELLS])
+def test_default_settings_meet_the_reference(client, name, regime):
+    row = quality.run_cell(name, regime, client)
+    assert row["passed"] is not False, row
