@@ -33,7 +33,7 @@ from dkernel.engine import Engine
 
 #: The keys every history entry has; plots draw the other numeric ones.
 BOOKKEEPING = ("epoch", "steps", "rows", "seconds", "compute_seconds", "busy", "update_seconds",
-               "wait_seconds", "straggler_seconds")
+               "wait_seconds", "straggler_seconds", "step_backoffs", "step_scale")
 
 
 def check_early_stopping_params(est: Any) -> None:
