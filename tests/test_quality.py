@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
 _spec = importlib.util.spec_from_file_location("dkernel_quality_matrix", _PATH)
 quality = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = quality  # dataclasses resolve annotations through it
 _spec.loader.exec_module(quality)
 
 CELLS = quality.cells([], quick=True)
