@@ -411,6 +411,7 @@ def test_a_short_preconditioned_step_is_cut_to_its_rows():
     assert np.abs(full).max() > 0
 
 
+@pytest.mark.slow
 def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
     # the start and the preconditioner are recomputed on resume; the steps
     # after the checkpoint then replay those of the uninterrupted fit
@@ -485,6 +486,7 @@ def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):
     return (fx * fy).sum(0) / np.sqrt((fx**2).sum(0) * (fy**2).sum(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "init, preconditioner", [("subsample", None), ("random", None), ("random", "eigenpro")]
 )
@@ -536,6 +538,7 @@ def test_kcca_views_differ_in_dimension_and_kernel(client):
         model.transform(X, Y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", ["auto", "block"])
 def test_ksvd_singular_subspaces_match_dense_svd_of_the_same_features(client, steps):
     """Kernel SVD of the centred cross-covariance operator, checked by its singular
