@@ -19,6 +19,7 @@ from dkernel.data import write_store
 from dkernel.datasets import make_blobs_classification, make_dai_ridge
 
 
+@pytest.mark.slow
 def test_fit_predict_evaluate_info_on_stores(client, tmp_path, capsys):
     X, y = make_blobs_classification(2000, 6)
     Xt, yt = make_blobs_classification(600, 6, random_state=1)
@@ -125,6 +126,7 @@ def _arrays(store) -> tuple[np.ndarray, np.ndarray]:
     return g["X"][:], g["y"][:]
 
 
+@pytest.mark.slow
 def test_demo_runs_the_main_job_end_to_end(client, tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "demo"), "--rows", "4000", "--epochs", "3"]) == 0
     out = capsys.readouterr().out
@@ -143,6 +145,7 @@ def test_demo_runs_the_main_job_end_to_end(client, tmp_path, capsys):
     assert acc >= SVC(gamma=1 / (2 * 2.0**2)).fit(X, y).score(Xt, yt) - 0.05
 
 
+@pytest.mark.slow
 def test_demo_prints_commands_that_remake_its_model_and_keeps_progress_off_stdout(client,
                                                                                    tmp_path,
                                                                                    capsys):

@@ -44,6 +44,7 @@ def _two_views(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return X.astype(np.float32), Y.astype(np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps, settings", [
     ("block", {"batch_size": 256, "n_epochs": 30}),
     ("power", {}),  # whole-pool power steps at their defaults: 40 steps of n / 8 rows
@@ -75,6 +76,7 @@ def test_kpca_subspace_matches_exact_kernel_pca(client, steps, settings):
     np.testing.assert_allclose(model.explained_variance_, lam[:k], rtol=0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 2])
 def test_kpca_power_steps_survive_a_two_row_last_step(client, seed):
     """2050 rows are chunks of 1024, 1024 and 2: with these seeds the fit's last
@@ -108,6 +110,7 @@ def _dense_singular_functions(model, X, Y, Xt, Yt, k):
     return (fx.blocks(Xt, bx) - mx) @ U[:, :k], (fy.blocks(Yt, by) - my) @ Vt[:k].T
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 3])
 def test_ksvd_power_steps_survive_a_two_row_last_step(client, seed):
     """KSVD's power steps blend a short step with the earlier steps' operator as
@@ -128,6 +131,7 @@ def test_ksvd_power_steps_survive_a_two_row_last_step(client, seed):
     assert max(sin2) < 0.05, sin2
 
 
+@pytest.mark.slow
 def test_ksvd_short_power_step_uses_the_rayleigh_matrix_of_the_current_bases():
     """The coordinator's KSVD power steps on explicit features with close top
     singular values (1, 0.97, 0.94): after a few full steps the span has
@@ -230,6 +234,7 @@ def test_cli_fits_ksvd_with_each_steps_and_the_model_keeps_its_settings(client, 
     assert (model.step_size_ is None) == (expected[0] != "block")
 
 
+@pytest.mark.slow
 def test_ksvd_file_from_before_power_steps_loads_as_block_steps(client, tmp_path):
     """A KernelSVD file saved before steps existed was fitted by block steps (4
     lanes, 512 rows): it loads as such, and a refit of its parameters takes
@@ -412,6 +417,7 @@ def test_a_short_preconditioned_step_is_cut_to_its_rows():
     assert np.abs(full).max() > 0
 
 
+@pytest.mark.slow
 def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
     # the start and the preconditioner are recomputed on resume; the steps
     # after the checkpoint then replay those of the uninterrupted fit
@@ -486,6 +492,7 @@ def _exact_kcca(X, Y, Xt, Yt, bw, kappa, k):
     return (fx * fy).sum(0) / np.sqrt((fx**2).sum(0) * (fy**2).sum(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "init, preconditioner", [("subsample", None), ("random", None), ("random", "eigenpro")]
 )
@@ -537,6 +544,7 @@ def test_kcca_views_differ_in_dimension_and_kernel(client):
         model.transform(X, Y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", ["auto", "block"])
 def test_ksvd_singular_subspaces_match_dense_svd_of_the_same_features(client, steps):
     """Kernel SVD of the centred cross-covariance operator, checked by its singular

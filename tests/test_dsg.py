@@ -11,6 +11,7 @@ from dkernel.datasets import make_blobs_classification, make_dai_ridge
 from dkernel.kernels import kernel_matrix
 
 
+@pytest.mark.slow
 def test_ridge_approaches_exact_kernel_ridge_as_features_and_iterations_grow(client):
     X, y = make_dai_ridge(1000, 2, random_state=0)
     Xt, _ = make_dai_ridge(400, 2, random_state=1)
