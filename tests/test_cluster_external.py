@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cluster import recipe_env
 from distributed import Client, LocalCluster
 
 from dkernel import DSGClassifier
@@ -34,8 +35,10 @@ FIT = {"kernel": "gaussian", "bandwidth": "auto", "n_features": 256, "block_size
 
 
 def _recipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    # this interpreter's dask CLI first on PATH, as the other recipe tests do:
+    # without it a suite run as .venv/bin/python -m pytest found no 'dask'
     return subprocess.run(["bash", str(RECIPE), *args], check=False, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=recipe_env())
 
 
 def _group_alive(pid: int) -> bool:
