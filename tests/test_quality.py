@@ -18,13 +18,26 @@ _spec.loader.exec_module(quality)
 
 CELLS = quality.cells([], quick=True)
 
+#: Cells the defaults miss today, with what was measured (docs/quality.md); strict,
+#: so a fix that makes one pass says so and the mark is removed.
+KNOWN_MISSES = {
+    ("EigenProClassifier", "n=300"): "accuracy 0.706 against kernel ridge's 0.744 (tolerance "
+                                     "0.02): ten full-batch steps of the kernel form, issue 28",
+}
+
+
+def _param(name, regime):
+    reason = KNOWN_MISSES.get((name, regime.name))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(name, regime, marks=marks, id=f"{name}-{regime.name}")
+
 
 def test_the_slice_covers_every_estimator():
     assert {name for name, _ in CELLS} == set(quality.ESTIMATORS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, regime", CELLS, ids=[f"{n}-{r.name}" for n, r in CELLS])
+@pytest.mark.parametrize("name, regime", [_param(n, r) for n, r in CELLS])
 def test_default_settings_meet_the_reference(client, name, regime):
     row = quality.run_cell(name, regime, client)
     assert row["passed"] is not False, row
