@@ -665,3 +665,23 @@ def test_bad_component_input_fails_before_any_work_naming_it():
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         KernelSVD(2).fit(bad, Y)
+
+
+def test_exact_steps_record_their_objective_and_the_model_plots(client, tmp_path):
+    """Exact steps are one solve, no epochs: their history is one entry with the
+    objective the iterative steps report (captured variance, KSVD's covariance),
+    so the learning curve has a point (a legend with no line raised in plot)."""
+    pytest.importorskip("matplotlib", reason="dkernel.plot needs the plot extra (matplotlib)")
+    from dkernel.plot import plot_model
+
+    X = _anisotropic(500, 1)
+    kpca = KernelPCA(2, bandwidth=1.5, n_features=256, client=client).fit(X)
+    assert kpca.steps_ == "exact" and len(kpca.history_) == 1
+    # the scores' variance on every row is the sum of the explained variances
+    assert kpca.history_[0]["variance"] == pytest.approx(kpca.explained_variance_.sum(), rel=1e-6)
+    plot_model(kpca, tmp_path / "kpca.png")
+    X2, Y2 = _two_views(500, 1)
+    ksvd = KernelSVD(2, bandwidth=1.0, n_features=256, client=client).fit(X2, Y2)
+    assert ksvd.steps_ == "exact" and ksvd.history_[0]["covariance"] > 0
+    plot_model(ksvd, tmp_path / "ksvd.png")
+    assert (tmp_path / "kpca.png").stat().st_size > 0 and (tmp_path / "ksvd.png").stat().st_size > 0

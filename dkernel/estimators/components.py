@@ -282,8 +282,14 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
                                    label=f"{self._method} exact")
         total = engine.map_reduce(data, moments_partial, moments_payload(features, coefs, False),
                                   label="moments", wants_chunk=True)
+        # the objective the iterative steps report (ComponentProgram.epoch_objective),
+        # here on every row: the learning curve has its one point
+        _, M = centred_moments(total, bool(self.center))
+        k = int(self.n_components)
+        objective = ({"variance": float(np.trace(M))} if len(features) == 1 else
+                     {"covariance": float(np.linalg.svd(M[:k, k:], compute_uv=False).sum())})
         self.history_ = [{"epoch": 1, "loss": None, "steps": 1, "rows": int(data.n_rows),
-                          "seconds": time.perf_counter() - t0}]
+                          "seconds": time.perf_counter() - t0, **objective}]
         return {f"coef{s}": c for s, c in enumerate(coefs)}, total
 
     def _resolve_width(self, engine: Engine, data: Any, D: int, power: bool) -> None:
