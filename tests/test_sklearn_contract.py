@@ -100,6 +100,17 @@ WITH_ALPHA = [
 ]
 
 
+@parametrize_with_checks(
+    WITH_ALPHA + [KernelCCA(2, n_features=256, n_epochs=1, init="random", preconditioner=None,
+                            alpha=0.01)],
+    expected_failed_checks=_expected_failed)
+def test_every_check_passes_with_alpha_set(estimator, check, checks_client):
+    """Issue 28: the whole of scikit-learn's check_estimator, not only the train checks,
+    for every estimator that has an alpha, with alpha set, on each route."""
+    with checks_client.as_current():
+        check(estimator)
+
+
 @pytest.mark.parametrize("estimator", WITH_ALPHA, ids=repr)
 def test_train_checks_pass_with_alpha_set_on_every_route(estimator, checks_client):
     from sklearn.utils.estimator_checks import (
