@@ -110,13 +110,30 @@ def _rows_partial(payload: dict, X: Any, y: Any) -> dict:
     return {"idx": [idx], "rows": [T], "count": X.shape[0]}
 
 
+#: Bytes of T a product A Q regenerates at a time: a chunk's rows go through in
+#: tiles of a few MB (as solvers/fused.py's passes), where T of the whole chunk
+#: was rows x N at once (1 GB for a 65536-row chunk at N = 4096) and paged in
+#: afresh on every pass (DESIGN 4).
+_TILE_BYTES = 4 << 20
+
+
 def _gram_apply(payload: dict, X: Any, y: Any) -> dict:
-    T = payload["block"](payload["params"], X)
-    xp = namespace(T)
-    Q = xp.asarray(payload["Q"], dtype=T.dtype)
-    TQ = T @ Q
-    return {"Y": to_numpy(T.T @ TQ).astype(np.float64), "S": to_numpy(T.sum(axis=0)).astype(np.float64),
-            "norm": [_row_norm_max(T, payload.get("mu"))], "count": X.shape[0]}
+    Q0 = payload["Q"]
+    rows = max(64, _TILE_BYTES // (4 * Q0.shape[0]))
+    Y = S = None
+    norm = 0.0
+    for a in range(0, X.shape[0], rows):
+        T = payload["block"](payload["params"], X[a:a + rows])
+        if Y is None:
+            xp = namespace(T)
+            Q = xp.asarray(Q0, dtype=T.dtype)
+            Y, S = T.T @ (T @ Q), T.sum(axis=0)
+        else:
+            Y += T.T @ (T @ Q)
+            S += T.sum(axis=0)
+        norm = max(norm, _row_norm_max(T, payload.get("mu")))
+    return {"Y": to_numpy(Y).astype(np.float64), "S": to_numpy(S).astype(np.float64),
+            "norm": [norm], "count": X.shape[0]}
 
 
 def _rows_apply(payload: dict, X: Any, y: Any) -> dict:

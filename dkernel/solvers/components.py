@@ -75,7 +75,7 @@ both views' tiles side by side for KSVD (and for KCCA's preconditioned
 whole-pool steps below, which need the same sums).
 
 Exact steps for KPCA and KSVD (ours; :func:`exact_coefficients`).  On data
-of a few tens of thousands of rows the fixed point of both iterations is
+of up to ~16k rows (``steps="auto"``) the fixed point of both iterations is
 computed over all rows: the top k eigenvectors e_i of C = mean (z - \mu)(z -
 \mu)^T (KPCA) or the top k singular pairs (u_i, v_i) of C_xy = mean (z_x -
 \mu_x)(z_y - \mu_y)^T (KSVD), z = \phi / \sqrt D, by subspace iteration
@@ -533,21 +533,31 @@ EXACT_ITERATIONS = 10
 
 def _cross_apply(payload: dict, chunk: Chunk) -> dict:
     """Z_x^T (Z_y V), Z_y^T (Z_x U), both views' column sums and the row count on one
-    chunk (z = phi / sqrt(D), products in the features' dtype, sums in float64)."""
-    Z = []
-    for s, view in enumerate(payload["views"]):
+    chunk (z = phi / sqrt(D), products in the features' dtype, sums in float64).
+    The rows go through in tiles of a few MB of both views' features
+    (:func:`dkernel.solvers.fused.tile_rows`), not a rows x D slab per view."""
+    views = payload["views"]
+    Xs = []
+    for s in range(len(views)):
         vchunk = _view_chunk(chunk, s)
-        X = vchunk.X if vchunk.rows is None else vchunk.X[vchunk.rows]
-        f = view["features"]
-        Z.append(f.transform(X.astype(f.dtype, copy=False), view["n_blocks"]))
-    Zx, Zy = Z
-    U = asarray_like(payload["U"], Zx).astype(Zx.dtype, copy=False)
-    V = asarray_like(payload["V"], Zy).astype(Zy.dtype, copy=False)
-    return {"XV": to_numpy(Zx.T @ (Zy @ V)).astype(np.float64),
-            "YU": to_numpy(Zy.T @ (Zx @ U)).astype(np.float64),
-            "Sx": to_numpy(Zx.sum(axis=0)).astype(np.float64),
-            "Sy": to_numpy(Zy.sum(axis=0)).astype(np.float64),
-            "count": int(Zx.shape[0])}
+        Xs.append(vchunk.X if vchunk.rows is None else vchunk.X[vchunk.rows])
+    m = Xs[0].shape[0]
+    rows = tile_rows(sum(v["n_blocks"] * v["features"].block_size for v in views))
+    out: dict[str, Any] = {}
+    for a in range(0, m, rows):
+        Zx, Zy = (v["features"].transform(X[a:a + rows].astype(v["features"].dtype, copy=False),
+                                          v["n_blocks"]) for v, X in zip(views, Xs))
+        if not out:
+            U = asarray_like(payload["U"], Zx).astype(Zx.dtype, copy=False)
+            V = asarray_like(payload["V"], Zy).astype(Zy.dtype, copy=False)
+            out = {"XV": Zx.T @ (Zy @ V), "YU": Zy.T @ (Zx @ U),
+                   "Sx": Zx.sum(axis=0), "Sy": Zy.sum(axis=0)}
+        else:
+            out["XV"] += Zx.T @ (Zy @ V)
+            out["YU"] += Zy.T @ (Zx @ U)
+            out["Sx"] += Zx.sum(axis=0)
+            out["Sy"] += Zy.sum(axis=0)
+    return {**{k: to_numpy(v).astype(np.float64) for k, v in out.items()}, "count": int(m)}
 
 
 def exact_coefficients(engine: Any, data: Any, features: tuple[FeatureMap, ...], n_blocks: int,
