@@ -384,7 +384,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kpca, ksvd: 'exact' (subspace iteration over all rows, a dozen passes), "
         "'power' (whole-pool power steps on wide batches, for data on a cluster), 'block' "
         "(Xie et al.'s Alg. 1-3, one feature block a step) or 'auto' (default: exact below "
-        "65536 rows unless --epochs, --batch-size, --lanes or --checkpoint-every is given, "
+        "16384 rows unless --epochs, --batch-size, --lanes or --checkpoint-every is given, "
         "else power, unless --step-size or --step-decay asks for block steps)",
     )
     g.add_argument(

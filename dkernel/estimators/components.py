@@ -137,7 +137,7 @@ _DOC_STEPS = """    steps : {{"auto", "exact", "power", "block"}}, default="auto
         (docs/scaling.md).  "exact": the solution on the pool over all rows,
         by subspace iteration with 20 extra directions, a dozen passes over
         the rows (no epochs, batches or checkpoints).  "auto": "exact" below
-        65536 rows when no iterative setting (n_epochs, batch_size, lanes,
+        16384 rows when no iterative setting (n_epochs, batch_size, lanes,
         checkpoint) is given, since a power step converges to its own
         batch's subspace and on few rows a batch is a few hundred rows
         (power steps on 300 rows missed exact kernel PCA by sin^2 0.13);
@@ -167,10 +167,13 @@ _STEP_SCALE = {"kpca": 1.0, "ksvd": 1.0, "kcca": 0.5}
 _STEP_DECAY = {"block": 1e-3, "whole_pool": 1e-2}
 
 #: steps="auto" takes exact steps below this many rows: there a power step's
-#: batch (n / 8) is under 8192 rows, and power steps on 300 rows (38 a step)
-#: missed exact kernel PCA by sin^2 0.13 (benchmarks/quality.py, KernelPCA
-#: n=300), where exact steps cost a dozen passes of n D (k + 20) products.
-_EXACT_ROWS = 65536
+#: batch (n / 8) is under 2048 rows, and power steps on 300 rows (38 a step)
+#: missed exact kernel PCA by sin^2 0.13 and on 2000 2-d rows by 0.074
+#: (benchmarks/quality.py), while on 12,000 rows they met it (0.007).  Exact
+#: steps cost a dozen passes, each regenerating the features: through the CLI
+#: (4 components, D = 4096, 32 inputs, idle 2-core VM) 7.6 s against power
+#: steps' 5.5 s on 16,000 rows and 14.6 s against 8.1 s on 60,000.
+_EXACT_ROWS = 16384
 
 
 def _auto_step(method: str, samples: list, features: list, center: bool) -> float:
