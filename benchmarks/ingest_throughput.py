@@ -1,6 +1,6 @@
 """Parquet ingest throughput: ``dkernel ingest`` (read on the workers, zarr
 chunks written by the workers) against a plain pyarrow read of the same file
-in the same run (DESIGN 4: timings are ratios against a peer).
+in the same run (docs/design.md §4: timings are ratios against a peer).
 
     python benchmarks/ingest_throughput.py --gb 1.0 --workers 2 --folder /tmp/ingest-bench
     python benchmarks/ingest_throughput.py --libsvm-mb 300     # and a libsvm file

@@ -3,7 +3,7 @@
 A feature block is a pure function of ``(kernel, bandwidth, n_inputs,
 block_size, dtype, random_state, stream, block_id)``: any worker regenerates
 its weights bit-identically from those numbers, so the coordinator ships
-seeds and coefficients, never a d x D weight matrix (DESIGN.md section 1).
+seeds and coefficients, never a d x D weight matrix (docs/design.md §1).
 The features cos(X W + b) are the same bits on workers that share a BLAS
 kernel; another CPU type sums X W in another order, and they agree to float32
 rounding (max 5.4e-6 over four OpenBLAS kernels in the tests).
@@ -85,7 +85,7 @@ class FeatureMap:
     stream : int
         Independent seed stream (e.g. one per view in kernel CCA).
     dtype : str
-        Feature dtype; float32 by default (float64 trig is ~25x slower, DESIGN 4).
+        Feature dtype; float32 by default (float64 trig is ~25x slower, docs/design.md §4).
     """
 
     kernel: str
@@ -123,7 +123,7 @@ class FeatureMap:
 
     def blocks(self, X: Any, block_ids: Sequence[int], out: Any = None) -> Any:
         """Concatenated unscaled blocks, shape (n, len(block_ids) * B); written
-        into ``out`` when given (a reused buffer: fresh pages are slow, DESIGN 4)."""
+        into ``out`` when given (a reused buffer: fresh pages are slow, docs/design.md §4)."""
         xp = namespace(X)
         dt = np.dtype(self.dtype)
         X = X.astype(dt, copy=False)

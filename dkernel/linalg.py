@@ -113,7 +113,7 @@ def _rows_partial(payload: dict, X: Any, y: Any) -> dict:
 #: Bytes of T a product A Q regenerates at a time: a chunk's rows go through in
 #: tiles of a few MB (as solvers/fused.py's passes), where T of the whole chunk
 #: was rows x N at once (1 GB for a 65536-row chunk at N = 4096) and paged in
-#: afresh on every pass (DESIGN 4).
+#: afresh on every pass (docs/design.md §4).
 _TILE_BYTES = 4 << 20
 
 

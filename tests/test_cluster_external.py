@@ -1,6 +1,6 @@
 """Fits through a real external cluster: a ``dask scheduler`` and two ``dask
 worker`` processes on 127.0.0.1, started and stopped by the deploy recipe
-``deploy/local-cluster.sh``; and determinism across clusters (DESIGN 1: same
+``deploy/local-cluster.sh``; and determinism across clusters (docs/design.md §1: same
 seed + data + chunking give the same model whatever the workers)."""
 
 from __future__ import annotations

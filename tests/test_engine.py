@@ -340,7 +340,7 @@ class _Idle(StepProgram):
 
 def test_the_clients_blas_runs_on_one_thread_during_steps_and_is_restored_after(client):
     # OpenBLAS helper threads spin after each threaded call on the client, on the
-    # cores the workers compute on (DESIGN 5): the step loop keeps BLAS on one thread
+    # cores the workers compute on (docs/design.md §5): the step loop keeps BLAS on one thread
     from threadpoolctl import threadpool_info
 
     def blas_threads():

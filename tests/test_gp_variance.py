@@ -25,7 +25,7 @@ def test_posterior_std_matches_the_exact_gaussian_process(client, tmp_path):
     # test points inside the data, at its edges and far outside (std -> 1)
     Xt = np.linspace(-4, 4, 81, dtype=np.float32)[:, None]
     bw, alpha = 0.5, 1e-4
-    sigma2 = len(X) * alpha  # DESIGN 2.2: nu = sigma^2 / n
+    sigma2 = len(X) * alpha  # docs/design.md §2.2: nu = sigma^2 / n
     model = DSGRegressor(bandwidth=bw, alpha=alpha, n_features=2048, n_epochs=1,
                          posterior_variance=True, client=client)
     model.fit(da.from_array(X, chunks=(100, 1)), da.from_array(y, chunks=100))

@@ -1,4 +1,4 @@
-"""Nothing lost (DESIGN 1): a fit killed with SIGKILL mid-way and restarted
+"""Nothing lost (docs/design.md §1): a fit killed with SIGKILL mid-way and restarted
 with ``--resume`` ends with exactly the model of an uninterrupted fit; a resume
 with other settings is refused by name; a failed fit leaves no model file."""
 

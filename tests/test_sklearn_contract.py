@@ -58,7 +58,7 @@ CHECKED = [
 #: O(1) part in float32, so check_regressor_multioutput passes.)
 EXPECTED_FAILED: dict[str, dict[str, str]] = {
     "EigenProRegressor": {"check_methods_subset_invariance": (
-        "f is computed in float32 like the feature path (DESIGN.md §4): the kernel rows' GEMM "
+        "f is computed in float32 like the feature path (docs/design.md §4): the kernel rows' GEMM "
         "rounds a row's prediction differently (~1e-6) in a batch of another size, above the "
         "check's float64 tolerance of 1e-7")},
 }

@@ -1,6 +1,6 @@
 """What the commands share: help formatting, output flags (``--json``,
 ``--quiet``, ``--overwrite``) and the overwrite policy (one flag name per
-idea, DESIGN 1)."""
+idea, docs/design.md §1)."""
 
 from __future__ import annotations
 

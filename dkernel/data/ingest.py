@@ -553,7 +553,7 @@ def _idx_source(path: PathLike, labels: PathLike | None, scale: bool,
     def blocks(chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         ys = _idx_blocks(lpath, l_raw, ldims, lhead, chunk_rows) if lpath else None
         # One output buffer for all chunks: the writer copies each block into the
-        # store before asking for the next, and fresh pages are slow (DESIGN 4).
+        # store before asking for the next, and fresh pages are slow (docs/design.md §4).
         buf = np.empty((min(chunk_rows, dims[0]), n_inputs), out_dtype)
         for xb in _idx_blocks(path, x_dtype, dims, head, chunk_rows):
             X = buf[:xb.shape[0]]

@@ -1,4 +1,4 @@
-"""Synthetic data generators (DESIGN.md section 3), NumPy in, zarr stores out."""
+"""Synthetic data generators (docs/design.md §3), NumPy in, zarr stores out."""
 
 from dkernel.datasets.hermite import hermite_eigenfunctions, hermite_eigenvalues, make_hermite
 from dkernel.datasets.spheres import make_sphere_polynomial, sphere_polynomial_target, uniform_sphere

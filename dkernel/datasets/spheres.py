@@ -1,4 +1,4 @@
-"""Points on the sphere S^{d-1} with polynomial regression targets (DESIGN 3)."""
+"""Points on the sphere S^{d-1} with polynomial regression targets (docs/design.md §3)."""
 
 from __future__ import annotations
 

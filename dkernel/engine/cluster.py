@@ -182,7 +182,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
 #: 64 KiB, like any explicit malloc setting, also freezes glibc's mmap
 #: threshold at 128 KiB, so every chunk-sized buffer (a decoded zarr chunk, a
 #: tile of features) is a fresh mmap whose pages fault in on first touch
-#: (DESIGN 4).  Reading one 8 MB zstd chunk of the 2M x 32 store took 25 ms in
+#: (docs/design.md §4).  Reading one 8 MB zstd chunk of the 2M x 32 store took 25 ms in
 #: a process with Dask's setting and 6 ms with these (a plain loop over 20
 #: chunks); buffers up to 32 MiB are then reused from the heap, and at most
 #: 64 MiB of freed heap is kept per worker.

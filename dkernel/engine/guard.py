@@ -60,7 +60,7 @@ def _finite(state: dict[str, Any]) -> bool:
 
 def _copy_into(dst: dict[str, Any] | None, src: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``src``, reusing ``dst``'s arrays where shapes match: a fresh
-    model-sized copy every step would page in new memory each time (DESIGN 4)."""
+    model-sized copy every step would page in new memory each time (docs/design.md §4)."""
     if dst is None or dst.keys() != src.keys():
         return copy.deepcopy(src)
     for k, v in src.items():

@@ -1,4 +1,4 @@
-"""The coordinator loop (DESIGN.md section 1), written once for every solver.
+"""The coordinator loop (docs/design.md §1), written once for every solver.
 
 ``run_steps``   synchronous data-parallel mini-batch steps: each step's rows
                 are spread over ``lanes`` chunks; workers compute partial

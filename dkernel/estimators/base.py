@@ -295,7 +295,7 @@ def check_not_sparse(X: Any, name: str) -> None:
 
 
 #: dtype rule for in-memory X: float32 and float64 are kept, anything else becomes
-#: float32 (the feature path computes in float32; DESIGN.md §4).
+#: float32 (the feature path computes in float32; docs/design.md §4).
 _FLOAT_DTYPES = [np.float32, np.float64]
 
 

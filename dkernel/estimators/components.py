@@ -208,7 +208,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
-        tags.transformer_tags.preserves_dtype = ["float32"]  # scores are float32 (DESIGN §4)
+        tags.transformer_tags.preserves_dtype = ["float32"]  # float32 scores (docs/design.md §4)
         return tags
 
     def _check_base(self) -> None:

@@ -674,7 +674,7 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         Kernel form: exponent alpha of (lambda_{q+1} / lambda_i) (default 0.95);
         random features: tau of Table 1 (default 0.25).
     batch_size, step_size : optional
-        Overrides of m (default min(m*, max_batch)) and eta (DESIGN 2.4).
+        Overrides of m (default min(m*, max_batch)) and eta (docs/design.md §2.4).
     max_batch : int, optional
         Cap on the automatic batch size (default s for the kernel form, 2000 for features).
     n_epochs : int, default=10

@@ -39,7 +39,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     """Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song, Wang, Zhang).
 
     One pass over the chunks in order with O(D k) state; the blocked exact
-    update of DESIGN 2.5 (per-chunk Gram matrices built in parallel on the
+    update of docs/design.md §2.5 (per-chunk Gram matrices built in parallel on the
     workers, only V threaded through the chunks); top-k by Oja's subspace
     rule with re-orthonormalisation.  Centred by default (a running mean,
     folded into the exact blocked update): the components are the top
@@ -233,7 +233,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
-        tags.transformer_tags.preserves_dtype = ["float32"]  # scores are float32 (DESIGN §4)
+        tags.transformer_tags.preserves_dtype = ["float32"]  # float32 scores (docs/design.md §4)
         return tags
 
     @property

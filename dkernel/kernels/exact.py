@@ -1,7 +1,7 @@
 """Exact shift-invariant kernels, evaluated tile by tile in the input's dtype.
 
 =========  =======================================  ==============================
-kernel     k(x, z)                                  spectral density (DESIGN 2.1)
+kernel     k(x, z)                                  spectral density (docs/design.md §2.1)
 =========  =======================================  ==============================
 gaussian   exp(-|x - z|_2^2 / (2 s^2))              w ~ N(0, s^-2 I)
 laplacian  exp(-|x - z|_1 / s)                      w_j ~ Cauchy(0, 1/s)

@@ -1,4 +1,4 @@
-r"""Zonal kernels on the sphere S^{d-1} (Bai & Shi, eqs. 2.1-2.2; DESIGN 2.6).
+r"""Zonal kernels on the sphere S^{d-1} (Bai & Shi, eqs. 2.1-2.2; docs/design.md §2.6).
 
 The reproducing kernel of the spherical harmonics of degree k (with respect
 to the *normalised* surface measure) is

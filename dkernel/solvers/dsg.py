@@ -58,7 +58,7 @@ from dkernel.solvers.fused import pool_gradient
 from dkernel.solvers.targets import TargetEncoding
 
 # Feature tiles of this many columns keep the (rows x tile) slab in cache-ish
-# memory instead of materialising rows x D at once (DESIGN 4: fresh pages are slow).
+# memory instead of materialising rows x D at once (docs/design.md §4: fresh pages are slow).
 _TILE_COLUMNS = 2048
 
 

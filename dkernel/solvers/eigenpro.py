@@ -1,4 +1,4 @@
-r"""EigenPro, kernel form (Ma & Belkin 2017, Table 2; DESIGN 2.4).
+r"""EigenPro, kernel form (Ma & Belkin 2017, Table 2; docs/design.md §2.4).
 
 Model  f(x) = \sum_j a_j k(x, c_j)  over centers c_j that are all the training
 rows (fewer centers than rows: :mod:`dkernel.solvers.falkon`, where every row
@@ -77,7 +77,7 @@ from dkernel.solvers.kernel_rows import (
 from dkernel.solvers.targets import TargetEncoding
 
 
-# --- step size and batch (DESIGN 2.4) ----------------------------------------------
+# --- step size and batch (docs/design.md §2.4) ----------------------------------------------
 def new_top_eigenvalue(lam1: float, lam_tail: float, alpha: float) -> float:
     """lambda' = lambda_1 / (lambda_1 / lambda_{q+1})^alpha."""
     return lam1 / (lam1 / lam_tail) ** alpha

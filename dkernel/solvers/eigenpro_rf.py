@@ -13,7 +13,7 @@ One step on a mini-batch of m rows (Table 1, lines 6-7):
     theta <- theta - eta P g
 
 beta = max_x |z(x)|^2; for tau <= 1 the preconditioned top eigenvalue is
-lambda' = lambda_{q+1}, and m*, eta follow the kernel form (DESIGN 2.4).
+lambda' = lambda_{q+1}, and m*, eta follow the kernel form (docs/design.md §2.4).
 
 Ridge penalty (``alpha`` > 0): min_theta (1/n) |Z theta - y|^2 + alpha |theta|^2,
 the kernel form's (1/n) |K a - y|^2 + alpha a^T K a with |theta|^2 for the
@@ -147,7 +147,7 @@ def default_batch(lanes: int, n_features: int, n_rows: int) -> int:
     """Rows of a step when the user gives none: ``lanes`` x the rows whose D
     features make ``_LANE_FEATURES`` feature evaluations (clipped to [1024,
     65536] rows a lane): about 0.3 s of one core's arithmetic at d = 32, so a
-    step's compute dwarfs its fixed cost (DESIGN 5).  The fused row-tile pass
+    step's compute dwarfs its fixed cost (docs/design.md §5).  The fused row-tile pass
     (:mod:`dkernel.solvers.fused`) holds a few MB whatever the rows."""
     per_lane = min(65536, max(1024, _LANE_FEATURES // int(n_features)))
     return max(1, min(int(n_rows), int(lanes) * per_lane))

@@ -8,7 +8,7 @@ the rows b of a task,
 
 Building \Phi for all of a task's rows first and then reading it twice
 needs a rows x D slab (256 MB at 32768 rows and D = 2048) that must be
-paged in (DESIGN 4) and caps the rows of a step.  Here the rows go through
+paged in (docs/design.md §4) and caps the rows of a step.  Here the rows go through
 in tiles of about ``_TILE_BYTES`` of features: a tile's features are
 generated (or gathered from the worker cache), used for f, l' and the
 tile's share of g while they are still in L2/L3, then overwritten by the
@@ -55,7 +55,7 @@ def tile_rows(n_features: int, itemsize: int = 4, blockwise: bool = False) -> in
 
 def _buffer(xp: Any, shape: tuple[int, ...], dtype: np.dtype, slot: int = 0) -> Any:
     """A per-thread scratch buffer reused across tasks (fresh pages are slow,
-    DESIGN 4); passes that hold several tile streams at once (one per view)
+    docs/design.md §4); passes that hold several tile streams at once (one per view)
     take one ``slot`` each."""
     size = int(np.prod(shape))
     name = f"buf{int(slot)}"

@@ -6,7 +6,7 @@ x* is k(x*, x*) - k*^T (K + sigma^2 I)^{-1} k*.  Dai et al. write it through the
 operator A = C (C + sigma^2/n I)^{-1}, C = (1/n) sum_i k(x_i, .) (x) k(x_i, .),
 the minimiser of App. D's objective
 (1/2n) sum_i |k(x_i, .) - A k(x_i, .)|^2 + sigma^2/(2n) |A|_HS^2,
-and our regulariser alpha is sigma^2 / n (DESIGN 2.2: the mean is ridge
+and our regulariser alpha is sigma^2 / n (docs/design.md §2.2: the mean is ridge
 regression with nu = sigma^2 / n).
 
 On a fixed pool of D features z (z.z ~ k) the operator is a D x D matrix, so

@@ -79,7 +79,7 @@ _local = threading.local()
 
 def buffer(name: str, shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
     """A per-thread reusable buffer of at least ``shape`` (first axis may shrink):
-    fresh pages are expensive (DESIGN 4)."""
+    fresh pages are expensive (docs/design.md §4)."""
     xp = namespace(like)
     bufs = getattr(_local, "bufs", None)
     if bufs is None:

@@ -14,7 +14,7 @@ k > 1 the columns of V follow the same linear map and are re-orthonormalised
 span equals that of the unnormalised product \prod_i (I + \eta z_i z_i^T) V_0
 (Oja's subspace rule; no deflation needed).
 
-Blocked exact update (DESIGN 2.5).  For a block of b consecutive rows Z_b,
+Blocked exact update (docs/design.md §2.5).  For a block of b consecutive rows Z_b,
 with G = Z_b Z_b^T and P = Z_b V:
 
 .. math::  (I - \eta\,\mathrm{tril}(G, -1))\, C = \eta P, \qquad V \leftarrow V + Z_b^\top C,

@@ -18,7 +18,7 @@ and communicates little"; Lin et al. 2020, "Don't use large mini-batches,
 use local SGD").  These hinge- and exp-type steps want many small steps
 (their 1 / (nu t) schedule does not grow with the batch as EigenPro's does),
 but a step of a few hundred rows is a few ms of compute against a round
-trip of 10-20 ms (DESIGN 5).  So one engine step is a round: each of the L
+trip of 10-20 ms (docs/design.md §5).  So one engine step is a round: each of the L
 lanes starts from the same (w, offset), takes ``local_steps`` steps on its
 own rows, ``ceil(batch_size / L)`` rows a step (the i-th at \gamma_{t+i}),
 and the coordinator averages the lanes' iterates weighted by their rows.

@@ -1,4 +1,4 @@
-r"""Truncated kernel SGD on spheres (Bai & Shi, Algorithm 1; DESIGN 2.6).
+r"""Truncated kernel SGD on spheres (Bai & Shi, Algorithm 1; docs/design.md §2.6).
 
 Per point n = 1, 2, ... (one pass over the data in order):
 
@@ -12,7 +12,7 @@ with the zonal kernel :math:`K^L = \sum_{k\le L} \mu_k Z_k` of
 :mod:`dkernel.kernels.zonal`.  ``theta=None`` gives plain kernel SGD with the
 kernel K^{max_degree} at every step (the contrast of the paper's figures).
 
-Blocked exact update (DESIGN 2.5/2.6).  For a block of m consecutive points
+Blocked exact update (docs/design.md §2.5/2.6).  For a block of m consecutive points
 with residual coefficients :math:`r_i = \eta_i (f_i(x_i) - y_i)`,
 
 .. math::
@@ -291,7 +291,7 @@ def kernel_diagonal(d: int, s: float, L: int) -> float:
 
 
 def check_step(eta0: float, d: int, s: float, L: int) -> None:
-    """eta K^L(x, x) < 2 is needed for each single-point step to contract (DESIGN 2.6)."""
+    """eta K^L(x, x) < 2 is needed for each single-point step to contract (docs/design.md §2.6)."""
     kxx = kernel_diagonal(d, s, L)
     if eta0 * kxx >= 2.0:
         raise ValueError(
