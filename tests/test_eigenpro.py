@@ -3,6 +3,7 @@ SGD, the distributed eigensolver on both workers, estimators and model files."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -527,3 +528,25 @@ def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client, tmp_
     subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code, *files],
                    check=True, timeout=120)
     np.testing.assert_array_equal(np.load(tmp_path / "pred.npy"), got)
+
+
+@pytest.mark.slow
+def test_falkon_factorisation_survives_an_order_where_threaded_potrf_crashes():
+    # OpenBLAS's threaded potrf segfaulted at p = 16385 (and at the default
+    # 20000 centers) within seconds on this VM; FalkonPreconditioner factors on
+    # one BLAS thread.  A process that is still factoring after 20 s, or has
+    # finished, did not crash; the full factorisation takes about a minute.
+    code = ("import numpy as np\n"
+            "from dkernel.solvers.falkon import FalkonPreconditioner\n"
+            "p = 16385\n"
+            "K = np.eye(p, dtype=np.float32) * p; K[0, 1:] = 1.0; K[1:, 0] = 1.0\n"
+            "FalkonPreconditioner.from_kernel(K, 1e-6)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code],
+                            env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    try:
+        rc = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return
+    assert rc == 0, f"the factorisation died with return code {rc}"

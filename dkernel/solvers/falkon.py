@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 from scipy.linalg import blas
+from threadpoolctl import threadpool_limits
 
 from dkernel.backend import namespace
 from dkernel.engine import cache
@@ -61,6 +62,21 @@ _EPS = 1e-7
 _TILE_ROWS = 256
 
 
+def _cholesky_upper(K: np.ndarray) -> np.ndarray:
+    """Upper Cholesky factor of K (overwritten), LAPACK's potrf on one BLAS thread.
+
+    OpenBLAS's threaded potrf (its parallel SYRK update; OpenBLAS issues 1413,
+    2821) crashes the process with a segmentation fault at some orders: the
+    OpenBLAS 0.3.30 that SciPy's wheel bundles did at p = 16385 and at p = 20000
+    (the default n_centers beyond 100 000 rows), on 2 threads, within seconds;
+    one thread factored p = 20000 in 130 s on the loaded 2-core VM.  NumPy's
+    bundled OpenBLAS (0.3.31) crashed the same way at p = 20000.  The p^3 / 3
+    flops are paid once per fit, against passes over n x p kernel rows.
+    """
+    with threadpool_limits(limits=1, user_api="blas"):
+        return scipy.linalg.cholesky(K, lower=False, overwrite_a=True, check_finite=False)
+
+
 # --- the preconditioner (Rudi et al. Alg. 1, lines 2-3) ----------------------------
 @dataclass
 class FalkonPreconditioner:
@@ -76,7 +92,7 @@ class FalkonPreconditioner:
         K = np.array(K_MM, dtype=np.float64, order="F")
         K[np.diag_indices(p)] += eps * p
         try:
-            T = scipy.linalg.cholesky(K, lower=False, overwrite_a=True, check_finite=False)
+            T = _cholesky_upper(K)
         except np.linalg.LinAlgError as err:
             raise ValueError(f"K(C, C) of the {p} centers is not positive definite even with "
                              f"jitter {eps * p:.3g} (duplicate centers, or a kernel that is not "
@@ -85,7 +101,7 @@ class FalkonPreconditioner:
         TT = blas.dtrmm(1.0, T, np.asfortranarray(T.T), side=0, lower=0, trans_a=0, overwrite_b=1)
         TT /= p
         TT[np.diag_indices(p)] += lam
-        A = scipy.linalg.cholesky(TT, lower=False, overwrite_a=True, check_finite=False)
+        A = _cholesky_upper(TT)
         return cls(T, A, float(lam))
 
     def apply(self, u: np.ndarray) -> np.ndarray:
