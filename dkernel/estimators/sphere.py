@@ -46,9 +46,10 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
     the prediction is the Polyak average of the iterates.  Columns of a 2-D
     y are fitted one-vs-rest (independent outputs sharing the kernel work).
     See :mod:`dkernel.solvers.sphere` for the update and its blocked form.
+    The parameters are named as in Bai & Shi.
 
-    Parameters (named as in Bai & Shi)
-    ----------------------------------
+    Parameters
+    ----------
     s : float, default=1.0
         Smoothness of the kernel: mu_k = (dim Pi_k)^(-2 s).
     theta : float in (0, 1] or None, default=1/3
