@@ -148,7 +148,7 @@ def theorem_setting(args, client) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--setting", choices=("paper", "theorem"), default="paper",
                    help="paper: Fig. 4(2)'s nu = 1e-6 against the noiseless target; "
                         "theorem: theta nu = 1 against the exact regularised optimum")

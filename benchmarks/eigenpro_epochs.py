@@ -21,7 +21,7 @@ from _fashion import fashion_stores, load_arrays
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--bandwidth", type=float, default=5.0)
     p.add_argument("--epochs", type=int, default=10)

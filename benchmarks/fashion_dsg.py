@@ -20,7 +20,7 @@ from _fashion import fashion_stores, load_arrays
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--features", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=2048)

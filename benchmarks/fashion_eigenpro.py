@@ -71,7 +71,7 @@ def draw(points: list[dict], front: set[str], path: str, title: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--bandwidth", type=float, default=5.0)
     p.add_argument("--workers", type=int, default=2)

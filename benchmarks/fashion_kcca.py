@@ -106,7 +106,7 @@ def rff_cca(fx, fy, nb: int, L: np.ndarray, R: np.ndarray, kappa: float, k: int,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--components", type=int, default=50)
     p.add_argument("--subset", type=int, default=0, help="use only the first N training images")

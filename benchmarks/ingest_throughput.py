@@ -85,7 +85,7 @@ def libsvm_leg(args, client) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--gb", type=float, default=1.0, help="approximate Parquet file size")
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)

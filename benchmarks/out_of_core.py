@@ -78,7 +78,7 @@ def fit(kind: str, store: str, n_features: int, client) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-ooc")
     p.add_argument("--gb", type=float, default=36.0, help="size of the big store's X")
     p.add_argument("--small-gb", type=float, default=1.0, help="size of the page-cache store's X")

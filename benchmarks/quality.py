@@ -513,7 +513,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="only the slice the test suite runs")
     p.add_argument("--only", action="append", default=[],
                    help="an estimator or regime name (repeatable): cells of any named "

@@ -27,7 +27,7 @@ from dkernel.engine.loop import _FAN_IN as FAN_IN
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3, help="runs per W; the fastest is kept")

@@ -231,7 +231,7 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-throughput", help="folder for the stores")
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--inputs", type=int, default=32)

@@ -4,6 +4,8 @@
 #   scheduler [dask scheduler options]   a Dask scheduler on :8786, dashboard on :8787
 #   worker    [dask worker options]      workers for $DASK_SCHEDULER_ADDRESS, one thread per process
 #   job       DKERNEL-ARGS...            a dkernel command, e.g. job fit /data/train.zarr --out ...
+#   demo, fit, ingest, ... ARGS          the same without "job" (what "docker compose run job
+#                                        demo ..." hands over: compose replaces the command)
 #   dask-scheduler / dask-worker ARGS    as "dask scheduler/worker ARGS" (the Helm chart's commands)
 #   anything else                        run as given (dask ..., a shell, python, ...)
 set -euo pipefail
@@ -27,6 +29,10 @@ case "$role" in
         ;;
     job)
         exec dkernel "$@"
+        ;;
+    # dkernel's commands (tests/test_deploy_image.py checks this list against the CLI's)
+    ingest | make-store | fit | predict | transform | evaluate | info | plot | demo)
+        exec dkernel "$role" "$@"
         ;;
     dask-scheduler | dask-worker)
         # the pre-2023 command names, still used by the "dask" Helm chart

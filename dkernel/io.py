@@ -159,8 +159,16 @@ def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     if is_url(path):
         fs, key = _url_fs(path)
         source: Any = io.BytesIO(fs.cat_file(key))
+        head = source.getvalue()[:4]
     else:
         source = path.removeprefix("file://")
+        with open(source, "rb") as f:
+            head = f.read(4)
+    if head != b"PK\x03\x04":
+        # np.load would try it as a pickle and advise allow_pickle=True, which
+        # dkernel never uses (DESIGN 1: never pickle)
+        raise ValueError(f"{path!r} is not a dkernel model or checkpoint: those are .npz "
+                         "archives written by 'dkernel fit --out' or save_model()")
     try:
         with np.load(source, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}

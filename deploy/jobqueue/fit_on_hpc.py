@@ -51,8 +51,10 @@ def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4G
         account=account,
         walltime=walltime,
         python=python or sys.executable,
-        # workers exit by themselves should the scheduler (this script) go away
-        worker_extra_args=["--death-timeout", "120"],
+        # workers exit by themselves should the scheduler (this script) go away;
+        # dask-jobqueue writes --death-timeout itself (60 by default), so it is
+        # set here and not again in worker_extra_args
+        death_timeout=120,
         **kwargs,
     )
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, fit_args = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("store", nargs="?", help="dataset store (shared path or s3:// URL)")
     p.add_argument("--out", help="model file (shared path or s3:// URL)")
     p.add_argument("--system", choices=SYSTEMS, default="slurm")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import signal
 import sys
+import threading
 
 # One module per command family; each exposes register(subparsers).
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
@@ -26,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dkernel.cli.common import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="dkernel", description=_DESCRIPTION, epilog=_EPILOG,
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=HelpFormatter, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"dkernel {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -42,10 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    # Ctrl-C cuts short the client's pending gathers; as the client closes,
+    # each would log "Task exception was never retrieved" under the one line
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if in_main else None
     try:
         result = args.func(args)
         return int(result or 0)
@@ -58,3 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)

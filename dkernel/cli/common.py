@@ -38,6 +38,7 @@ def add_command(
         help=summary,
         description=description or summary[0].upper() + summary[1:] + ".",
         formatter_class=HelpFormatter,
+        allow_abbrev=False,  # --feat 256 must not pass for --features 256
     )
 
 
@@ -65,6 +66,13 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         help="worker processes of the embedded LocalCluster (default: one per core)",
     )
 
+    p.add_argument(
+        "--upload-package",
+        dest="upload_package",
+        action="store_true",
+        help="send this client's dkernel to the workers of --scheduler when theirs differs "
+        "(distributed's UploadDirectory plugin; the workers restart), instead of refusing them",
+    )
     # Certificates for a tls:// scheduler; without them the Dask configuration's
     # (DASK_DISTRIBUTED__COMM__TLS__*) apply, see deploy/README.md.
     p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of a tls:// scheduler")
@@ -75,6 +83,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 def given_cluster_flags(args: argparse.Namespace) -> list[str]:
     """The cluster flags (:func:`add_cluster_args`) given on the command line."""
     return [flag for flag, value in (("--scheduler", args.scheduler), ("--workers", args.workers),
+                                     ("--upload-package", args.upload_package or None),
                                      ("--tls-ca-file", args.tls_ca_file),
                                      ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key))
             if value is not None]
@@ -94,7 +103,12 @@ def cluster_options(args: argparse.Namespace) -> dict:
     if tls and not address:
         raise ValueError(f"{', '.join(tls)} apply to a tls:// scheduler: pass --scheduler "
                          "tls://HOST:PORT (or set DASK_SCHEDULER_ADDRESS)")
+    if args.upload_package and not address:
+        raise ValueError("--upload-package sends dkernel to the workers of a cluster at "
+                         "--scheduler; the embedded LocalCluster runs this dkernel already: "
+                         "drop it or pass --scheduler tcp://HOST:PORT")
     return {"scheduler": args.scheduler, "n_workers": args.workers,
+            "upload_package": args.upload_package,
             "security": make_security(args.tls_ca_file, args.tls_cert, args.tls_key)}
 
 

@@ -449,6 +449,16 @@ def run(args: argparse.Namespace) -> int:
         est.set_params(
             checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume
         )
+    if not args.resume and file_exists(checkpoint):
+        # a rerun without --resume would start over and, once done, delete the
+        # checkpoint: the interrupted fit's progress lost without a word
+        if not args.overwrite:
+            raise FileExistsError(
+                f"checkpoint {checkpoint} holds the progress of an unfinished fit; pass "
+                "--resume to continue it, or --overwrite to start over (the checkpoint is "
+                "deleted)")
+        remove_file(checkpoint)
+        status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
     if args.resume:
         # a mistyped path must not pass for a resumed fit: say which it is
         status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dkernel._extras import require
 from dkernel.data.ingest import IngestError, cast_finite, first_nonfinite
 from dkernel.data.store import atomic_store, create_array, default_chunk_rows, run_writes
 from dkernel.data.store import check_out as _check_out
@@ -73,6 +74,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     from dkernel.data.validate import check_positive
     from dkernel.engine import connect
 
+    require("Parquet ingest", "ingest", "pyarrow.parquet")
     path = os.fspath(path)
     if "://" not in path and not os.path.exists(path) and not any(c in path for c in "*?["):
         raise FileNotFoundError(f"{path}: no such Parquet file or folder")
@@ -136,6 +138,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     the line).  The file is parsed twice: once to count the rows of every
     byte range (chunks must start at known rows), once to write.
     """
+    require("parallel CSV ingest", "ingest", "pyarrow", "dask.dataframe")
     import dask.dataframe as dd
 
     from dkernel.data.ingest import _is_number, _open_text

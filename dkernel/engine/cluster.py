@@ -119,7 +119,8 @@ _log = logging.getLogger("dkernel.engine")
 
 @contextmanager
 def connect(client: Client | None = None, scheduler: str | None = None,
-            n_workers: int | None = None, security: Any = None) -> Iterator[Client]:
+            n_workers: int | None = None, security: Any = None,
+            upload_package: bool = False) -> Iterator[Client]:
     """Yield a client; anything created here is closed on exit.
 
     Order: ``client`` if given; else ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``);
@@ -128,9 +129,17 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     ``distributed.Security``, see :func:`make_security`) is used for a
     ``tls://`` scheduler; without it the Dask configuration's TLS settings are.
     A cluster without workers is waited for (:func:`require_workers`).
+
+    The workers of a cluster dkernel did not start must run this dkernel
+    (:func:`dkernel.engine.versions.check_workers`, which refuses one that
+    does not); ``upload_package=True`` first sends this client's dkernel to
+    workers whose dkernel differs.
     """
+    from dkernel.engine.versions import check_workers
+
     if client is not None:
         require_workers(client)
+        check_workers(client, upload=upload_package)
         # as the default inside: distributed.wait() asks for the default client, which
         # a client given to an estimator need not be (GridSearchCV over an EigenPro
         # kernel fit with a client that is not the default: "No clients found")
@@ -151,6 +160,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
             ) from None
         try:
             require_workers(c)
+            check_workers(c, upload=upload_package)
             yield c
         finally:
             c.close()
@@ -163,15 +173,19 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         current = None
     if current is not None:
         require_workers(current)
+        check_workers(current, upload=upload_package)
         yield current
         return
     # Worker-side failures (bad input found on a worker) reach the caller as
-    # exceptions; the workers' own log lines would only repeat them.
+    # exceptions; the workers' own log lines would only repeat them.  Its
+    # workers run this interpreter's dkernel: nothing to check or upload.
     cluster = local_cluster(n_workers=n_workers or os.cpu_count() or 1,
                             silence_logs=logging.CRITICAL)
     c = Client(cluster)
     try:
-        yield c
+        # spawn also for the workers a nanny restarts while the cluster lives
+        with dask.config.set({_START_METHOD: "spawn"}):
+            yield c
     finally:
         c.close()
         cluster.close()
@@ -189,15 +203,36 @@ def connect(client: Client | None = None, scheduler: str | None = None,
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 64 << 20, "MALLOC_MMAP_THRESHOLD_": 32 << 20}
 
 
+#: The Dask setting of how worker processes start.  dkernel's own LocalCluster
+#: always uses spawn, whatever the configuration says.  Under fork, two workers
+#: were found alive 5 minutes after a SIGKILL of their coordinator (once in
+#: three fits, issue 32; not seen again in 5 tries here): a forked worker
+#: inherits the ends of its siblings' pipes through which each watches for the
+#: coordinator's death (distributed.process.AsyncProcess), a way for workers to
+#: hold each other alive.  A forked worker is also a copy of the coordinator,
+#: threads' locks included, and a kernel-form EigenPro fit through the CLI
+#: took 223 s under fork against 113 s under spawn.
+_START_METHOD = "distributed.worker.multiprocessing-method"
+
+#: Imported by every worker process of dkernel's LocalCluster: Ctrl-C in a
+#: terminal reaches the whole process group, workers included; the
+#: coordinator alone handles it (one line, then it closes the cluster), so the
+#: workers ignore it instead of each printing a KeyboardInterrupt traceback.
+WORKER_PRELOAD = "dkernel.engine._ignore_sigint"
+
+
 def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     """A LocalCluster as dkernel starts one: single-threaded worker processes
-    (one per core by default) with :data:`WORKER_MALLOC`; ``kwargs`` go to
-    ``LocalCluster`` (``memory_limit``, ``dashboard_address``, ...).
+    (one per core by default) with :data:`WORKER_MALLOC`, started by spawn
+    (:data:`_START_METHOD`) and deaf to Ctrl-C (:data:`WORKER_PRELOAD`);
+    ``kwargs`` go to ``LocalCluster`` (``memory_limit``, ``dashboard_address``, ...).
 
-    Workers started otherwise get the same settings from the environment of
+    Workers started otherwise get the same malloc settings from the environment of
     ``dask worker`` (``deploy/local-cluster.sh`` and the image in
     ``deploy/Dockerfile`` set them)."""
     options = {"threads_per_worker": 1, "processes": True, "dashboard_address": ":0", **kwargs}
+    preload = options.get("preload") or dask.config.get("distributed.worker.preload") or ()
+    options["preload"] = [*preload, WORKER_PRELOAD]
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
     # A nanny takes these once, when it is created (restarts reuse them), and a
     # value in this process's environment wins over the configuration -- and
@@ -207,7 +242,8 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     saved = {k: os.environ.get(k) for k in WORKER_MALLOC}
     os.environ.update({k: str(v) for k, v in WORKER_MALLOC.items()})
     try:
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
+                              _START_METHOD: "spawn"}):
             return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, **options)
     finally:
         for k, v in saved.items():

@@ -1,0 +1,122 @@
+"""The command line never drops progress or a keystroke silently: a fit whose
+checkpoint exists is not started over without ``--overwrite``, Ctrl-C prints
+one line, flags are exact, a model file that is not one says so, and a missing
+optional dependency names the extra that brings it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dkernel import DSGClassifier, load_model
+from dkernel.cli import main
+from dkernel.data import write_store
+from dkernel.datasets import make_blobs_classification
+
+FIT = ["--features", "64", "--block-size", "32", "--epochs", "2", "--batch-size", "100",
+       "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    X, y = make_blobs_classification(1200, 4, random_state=2)
+    return write_store(tmp_path_factory.mktemp("progress") / "train.zarr", X, y, chunk_rows=300)
+
+
+def _last_err(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_fit_refuses_to_start_over_a_checkpointed_fit_without_resume(store, client, tmp_path,
+                                                                      capsys):
+    out, ckpt = tmp_path / "m.npz", tmp_path / "m.npz.ckpt.npz"
+    # the checkpoint of a fit that did not finish (the estimators keep theirs)
+    DSGClassifier(n_features=64, block_size=32, n_epochs=2, batch_size=100, random_state=5,
+                  checkpoint=str(ckpt), checkpoint_every=4, client=client).fit(store)
+    before = ckpt.read_bytes()
+    assert main(["fit", store, *FIT, "--checkpoint-every", "4", "--out", str(out)]) == 1
+    (line,) = _last_err(capsys)
+    assert line == (f"dkernel: error: checkpoint {ckpt} holds the progress of an unfinished "
+                    "fit; pass --resume to continue it, or --overwrite to start over (the "
+                    "checkpoint is deleted)")
+    # nothing was touched, also without --checkpoint-every (the old rerun deleted it at the end)
+    assert main(["fit", store, *FIT, "--out", str(out)]) == 1
+    assert ckpt.read_bytes() == before and not out.exists()
+
+    assert main(["fit", store, *FIT, "--checkpoint-every", "4", "--resume", "--quiet",
+                 "--out", str(out)]) == 0
+    assert not ckpt.exists() and load_model(out).coef_.shape[0] == 64
+
+    ckpt.write_bytes(before)
+    assert main(["fit", store, *FIT, "--overwrite", "--out", str(out)]) == 0
+    assert f"--overwrite: deleted the checkpoint {ckpt}; starting over" in capsys.readouterr().err
+    assert not ckpt.exists()
+
+
+def test_abbreviated_flags_are_refused(store, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", store, "--feat", "256", "--epoch", "1", "--out", str(tmp_path / "m.npz")])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --feat 256 --epoch 1" in capsys.readouterr().err
+
+
+def test_a_text_file_given_as_a_model_is_named_without_numpys_pickle_advice(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    assert main(["info", str(text)]) == 1
+    (line,) = _last_err(capsys)
+    assert line == (f"dkernel: error: {str(text)!r} is not a dkernel model or checkpoint: those "
+                    "are .npz archives written by 'dkernel fit --out' or save_model()")
+    assert "pickle" not in line
+
+
+def test_missing_pyarrow_names_the_ingest_extra(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    path = tmp_path / "t.parquet"
+    pytest.importorskip("pyarrow")
+    pd.DataFrame({"a": np.arange(4.0), "label": [0, 1, 0, 1]}).to_parquet(path)
+    for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # what an environment without it has
+    assert main(["ingest", str(path), "--target", "label", "--out",
+                 str(tmp_path / "t.zarr")]) == 1
+    (line,) = _last_err(capsys)
+    assert line == ("dkernel: error: Parquet ingest needs pyarrow, which is not installed here: "
+                    "pip install 'dkernel[ingest]'")
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_and_leaves_a_checkpoint_to_resume(store, tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: the
+    coordinator and its LocalCluster's workers alike."""
+    out, ckpt = tmp_path / "m.npz", tmp_path / "m.npz.ckpt.npz"
+    argv = [sys.executable, "-m", "dkernel", "fit", store, "--features", "256",
+            "--epochs", "400", "--batch-size", "100", "--workers", "1",
+            "--checkpoint-every", "2", "--quiet", "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():  # steps are running
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    assert stderr == "dkernel: interrupted\n" and stdout == ""
+    assert ckpt.exists() and not out.exists()
+    rerun = subprocess.run(argv[:-2] + ["--out", str(out)], capture_output=True, text=True,
+                           timeout=60)
+    assert rerun.returncode == 1 and "pass --resume to continue it" in rerun.stderr
+

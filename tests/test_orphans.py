@@ -1,0 +1,66 @@
+"""A LocalCluster started by dkernel dies with its coordinator, SIGKILL included,
+whatever start method Dask is configured with: dkernel's own LocalCluster
+always starts its workers by spawn (``dkernel.engine.cluster._START_METHOD``).
+
+Under fork, two workers were still running 5 minutes after ``kill -9`` of a
+``dkernel fit`` (issue 32, once in three tries), so the test also checks that
+the workers were spawned whatever the configuration asked for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from dkernel.data import write_store
+from dkernel.datasets import make_blobs_classification
+
+#: Seconds the workers get to notice that their coordinator is gone: each
+#: watches a pipe from it and exits at once when it closes.
+GONE_WITHIN = 15.0
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    X, y = make_blobs_classification(1200, 4, random_state=1)
+    return write_store(tmp_path_factory.mktemp("orphans") / "train.zarr", X, y, chunk_rows=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sigkill_of_the_coordinator_leaves_no_worker(store, tmp_path, method):
+    ckpt = tmp_path / "m.npz.ckpt.npz"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": method}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "dkernel", "fit", store, "--features", "256", "--epochs", "400",
+         "--batch-size", "100", "--workers", "2", "--checkpoint-every", "2", "--quiet",
+         "--out", str(tmp_path / "m.npz")],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():  # the workers are computing steps
+            assert coordinator.poll() is None, coordinator.stderr.read()
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.2)
+        children = psutil.Process(coordinator.pid).children(recursive=True)
+        workers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in children]
+        coordinator.kill()
+        coordinator.wait()
+        start = time.monotonic()
+        gone, alive = psutil.wait_procs(children, timeout=GONE_WITHIN)
+        took = time.monotonic() - start
+        for p in alive:
+            p.kill()
+        assert not alive, (f"{len(alive)} of {len(children)} processes of the killed "
+                           f"coordinator still alive after {GONE_WITHIN:g} s: "
+                           f"{[p.pid for p in alive]}")
+        print(f"{method}: {len(children)} processes gone {took:.2f} s after the SIGKILL")
+    finally:
+        if coordinator.poll() is None:
+            os.killpg(coordinator.pid, signal.SIGKILL)
