@@ -66,3 +66,16 @@ def recipe_cluster(state: Path, workers: int, *extra: str,
             survivors = _kill_groups(state)
         assert stop.returncode == 0, stop.stderr
         assert survivors == [], f"processes survived the recipe's stop: {survivors}"
+
+
+def stop_process_groups(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each process group (last started first), then SIGKILL any that
+    has not exited within 20 s."""
+    for p in reversed(procs):
+        os.killpg(p.pid, signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

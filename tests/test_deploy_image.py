@@ -18,7 +18,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cluster import stop_process_groups
 
 from dkernel.cli import build_parser
 
@@ -93,14 +93,7 @@ def test_install_script_gives_an_environment_where_the_demo_runs(image_env, tmp_
 def processes() -> Iterator[list[subprocess.Popen]]:
     procs: list[subprocess.Popen] = []
     yield procs
-    for p in reversed(procs):
-        os.killpg(p.pid, signal.SIGTERM)
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    stop_process_groups(procs)
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _cluster import stop_process_groups
 from distributed import Client
 
 import dkernel
@@ -82,14 +82,7 @@ def _cluster(tmp_path: Path, first_on_path: list[Path]) -> Iterator[tuple[str, s
             (worker,) = c.nthreads()
         yield address, worker
     finally:
-        for p in reversed(procs):
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_process_groups(procs)
 
 
 @pytest.mark.slow
