@@ -550,3 +550,36 @@ def test_falkon_factorisation_survives_an_order_where_threaded_potrf_crashes():
         proc.wait()
         return
     assert rc == 0, f"the factorisation died with return code {rc}"
+
+
+def test_rf_iterate_average_is_uniform_over_an_epoch_then_exponential():
+    """EigenPro-RF's model where n > D is the average of the iterates with
+    weight 1 / min(t, H) on step t (solvers/eigenpro_rf.py, Jain et al. 2018):
+    the plain mean of the first H iterates, then an exponential average."""
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.eigenpro_rf import (
+        FeatureEigenProProgram,
+        FeaturePreconditioner,
+        average_horizon,
+    )
+    from dkernel.solvers.targets import TargetEncoding
+
+    assert average_horizon(200_000, 2048, 3393) == 59
+    assert average_horizon(2000, 2048, 500) == 0  # n <= D: it can interpolate, no floor
+    assert average_horizon(200_000, 2048, 200_000) == 0  # one step an epoch
+    features = FeatureMap("gaussian", 1.0, 3, 8, 0)
+    pre = FeaturePreconditioner(np.array([2.0, 1.0]), np.eye(8)[:, :1], 1, 1.0)
+    program = FeatureEigenProProgram(features, 1, pre, TargetEncoding("regression"), 1.0,
+                                     average_horizon=3, eta_override=0.5)
+    rng = np.random.default_rng(0)
+    state, iterates = program.init_state(), []
+    for step in range(6):
+        state = program.update(state, {"grad": rng.standard_normal((8, 1)), "count": 1}, step)
+        iterates.append(state["theta"].copy())
+        if step < 3:
+            np.testing.assert_allclose(state["theta_avg"], np.mean(iterates, axis=0))
+    expected = np.mean(iterates[:3], axis=0)
+    for theta in iterates[3:]:
+        expected = expected + (theta - expected) / 3
+    np.testing.assert_allclose(state["theta_avg"], expected)
+    assert program.fingerprint()["average_horizon"] == 3  # a checkpoint of another H is refused

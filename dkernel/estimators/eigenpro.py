@@ -56,6 +56,7 @@ from dkernel.solvers.eigenpro import (
 )
 from dkernel.solvers.eigenpro_rf import (
     FeatureEigenProProgram,
+    average_horizon,
     default_batch,
     feature_preconditioner,
 )
@@ -443,20 +444,21 @@ class _EigenProBase(BaseEstimator):
         m_star = critical_batch(beta + ridge, shifted.new_top)
         batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
         program = FeatureEigenProProgram(features, n_blocks, shifted, encoding, beta + ridge,
-                                         cache_blocks=int(self.n_epochs) > 1, ridge=ridge)
+                                         cache_blocks=int(self.n_epochs) > 1, ridge=ridge,
+                                         average_horizon=average_horizon(data.n_rows, D, batch))
         if self.step_size is not None:
             program.eta_override = float(self.step_size)
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
                 spec = {"kind": "features", "features": features, "n_blocks": n_blocks,
-                        "coef": state["theta"]}
+                        "coef": state.get("theta_avg", state["theta"])}
                 return validation_score(engine, val, self._task, _predict_block, spec,
                                         encoding.classes, encoding.offset)
         state = self._run(engine, data, program, batch, evaluate, "theta")
         self.form_ = "features"
         self.features_ = features
-        self.coef_ = state["theta"]
+        self.coef_ = state.get("theta_avg", state["theta"])
         self.alpha_ = ridge
         self._set_common(bandwidth, encoding, data.n_inputs, pre.values, q, batch, m_star, beta,
                          pre.new_top, eig.method, "worker-cache", s, ridge)
