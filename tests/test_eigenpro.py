@@ -583,3 +583,17 @@ def test_rf_iterate_average_is_uniform_over_an_epoch_then_exponential():
         expected = expected + (theta - expected) / 3
     np.testing.assert_allclose(state["theta_avg"], expected)
     assert program.fingerprint()["average_horizon"] == 3  # a checkpoint of another H is refused
+
+
+def test_rf_q_is_chosen_among_the_pairs_the_sample_resolves():
+    """A sample of s rows resolves eigenvalues >= beta / s (standard error below
+    the value itself); EigenPro-RF's q never reaches past them."""
+    from dkernel.solvers.eigenpro_rf import choose_q_rf, resolved_pairs
+
+    values = np.array([1.0, 0.1, 0.01, 0.001, 1e-4])
+    assert resolved_pairs(values, beta=1.0, s=100) == 3
+    assert resolved_pairs(values, beta=1.0, s=10_000) == 5
+    assert resolved_pairs(values, beta=1.0, s=1) == 2  # q >= 1 always has lambda_2
+    # unrestricted, a batch of 10^5 would take q = 4 (m* = beta / lambda_5 + 1)
+    assert choose_q_rf(values, 1.0, 10**5) == 4
+    assert choose_q_rf(values[:resolved_pairs(values, 1.0, 100)], 1.0, 10**5) == 2

@@ -434,7 +434,7 @@ class _EigenProBase(BaseEstimator):
         pre, beta, eig = feature_preconditioner(
             engine, sample, features, n_blocks, min(D, _RF_PAIRS if D <= _RF_DENSE_MAX else _RF_PAIRS_RANDOMIZED),
             max_batch, tau, self.random_state_,
-            q=self.q, label="eigenpro-rf preconditioner")
+            q=self.q, label="eigenpro-rf preconditioner", resolved_only=True)
         self.preconditioner_seconds_ = time.perf_counter() - t0 + read_seconds
         q = pre.q
         ridge = 0.0 if self.alpha is None else float(self.alpha)
