@@ -133,8 +133,9 @@ def resolved_pairs(values: np.ndarray, beta: float, s: int) -> int:
     standard error of at most sqrt(beta lambda / s), relative sqrt(beta / (s
     lambda)).  A pair counts as resolved while that is below 1, lambda >= beta / s.
     On issue 28's 200k x 32 case (s = 12288, beta = 1.06) every one of the 1537
-    pairs passes (lambda_1537 = 3.1e-4 against 8.7e-5), and so do the quality
-    matrix's cells with n_features=2048: q is unchanged there."""
+    pairs passes (lambda_1537 = 3.1e-4 against 8.7e-5); of the quality matrix's
+    cells with n_features=2048 only n=20k changes, q 231 -> 190 (R^2 0.695 ->
+    0.697)."""
     return max(2, int(np.sum(np.asarray(values) >= beta / max(int(s), 1))))
 
 
