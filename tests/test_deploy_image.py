@@ -10,7 +10,8 @@ skips and says so; the image's own install script (``deploy/install.sh``)
 then still runs in a fresh virtual environment, with nothing from the test
 environment on its path, and every role of the entry point runs from it.
 The Kubernetes manifests are checked against Kubernetes' API schemas offline
-(``kubernetes-validate``)."""
+(``kubernetes-validate``), and the dask operator's resources against its own
+CRD schemas (tests/data/dask_operator_crds)."""
 
 from __future__ import annotations
 
@@ -256,11 +257,8 @@ def test_fit_job_for_the_helm_cluster_is_a_valid_kubernetes_job():
      [("spec", "cluster", "spec", "scheduler", "service")]),
 ])
 def test_dask_operator_resources_hold_valid_pod_and_service_specs(name, pods, services):
-    """The dask operator makes Pods and a Service of these specs as they stand;
-    the custom resources' own few fields (replicas, idleTimeout) are checked
-    by test_deploy_recipes.py, as the operator's CRD schema ships only inside
-    dask-kubernetes, whose kubernetes client wants a python-dateutil that
-    s3fs's botocore refuses."""
+    """The dask operator makes Pods and a Service of these specs as they stand
+    (the wrappers around them: test_dask_operator_resources_match_the_operators_crd_schema)."""
     pytest.importorskip("kubernetes_validate", reason="in the test extra")
     doc = _manifest(name)
 
@@ -274,6 +272,82 @@ def test_dask_operator_resources_hold_valid_pod_and_service_specs(name, pods, se
         _validate(_pod(at(path)), f"{name}: {'.'.join(path)}")
     for path in services:
         _validate(_service(at(path)), f"{name}: {'.'.join(path)}")
+
+
+#: The dask operator's CustomResourceDefinitions, from dask/dask-kubernetes at
+#: 1daa175f (2025-07-04, BSD-3-Clause, LICENSE beside them), gzipped.  The
+#: package itself cannot be installed beside s3fs (its kubernetes client wants a
+#: python-dateutil that botocore refuses), so its schemas travel with the tests.
+OPERATOR_CRDS = ROOT / "tests" / "data" / "dask_operator_crds"
+
+
+def _crd_schema(kind: str) -> tuple[str, dict]:
+    """(apiVersion, openAPIV3Schema) of the operator's CRD for ``kind``."""
+    import gzip
+
+    import yaml
+
+    crd = yaml.safe_load(gzip.decompress((OPERATOR_CRDS / f"{kind.lower()}.yaml.gz").read_bytes()))
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("served") and v.get("storage")]
+    return f"{crd['spec']['group']}/{version['name']}", version["schema"]["openAPIV3Schema"]
+
+
+def _unknown_fields(node: object, schema: dict, path: str = "") -> list[str]:
+    """Fields the schema does not declare: Kubernetes' strict field validation
+    (``kubectl apply --validate=strict``) refuses them; plain JSON Schema
+    would let a misspelt key through."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(node, dict):
+        props = schema.get("properties")
+        if props is None:
+            extra = schema.get("additionalProperties")
+            return [f for k, v in node.items()
+                    for f in (_unknown_fields(v, extra, f"{path}.{k}")
+                              if isinstance(extra, dict) else [])]
+        return [f for k, v in node.items()
+                for f in ([f"{path}.{k}"] if k not in props
+                          else _unknown_fields(v, props[k], f"{path}.{k}"))]
+    if isinstance(node, list) and isinstance(schema.get("items"), dict):
+        return [f for i, v in enumerate(node)
+                for f in _unknown_fields(v, schema["items"], f"{path}[{i}]")]
+    return []
+
+
+def _validate_custom(doc: dict, where: str) -> None:
+    import jsonschema  # comes with kubernetes-validate
+
+    api_version, schema = _crd_schema(doc["kind"])
+    assert doc["apiVersion"] == api_version, f"{where}: apiVersion {doc['apiVersion']}"
+    errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(doc), key=str)
+    assert not errors, f"{where}: {errors[0].message} at {list(errors[0].path)}"
+    unknown = _unknown_fields({k: v for k, v in doc.items()
+                               if k not in ("apiVersion", "kind", "metadata")}, schema)
+    assert not unknown, f"{where}: fields the {doc['kind']} CRD does not declare: {unknown}"
+
+
+@pytest.mark.parametrize("name", ["daskcluster.yaml", "daskjob.yaml"])
+def test_dask_operator_resources_match_the_operators_crd_schema(name):
+    """The DaskCluster / DaskJob wrappers themselves (replicas, idleTimeout,
+    the job's and the cluster's layout), against the operator's own CRD."""
+    pytest.importorskip("kubernetes_validate", reason="in the test extra")
+    _validate_custom(_manifest(name), name)
+
+
+def test_crd_check_refuses_a_misspelt_and_a_mistyped_field():
+    pytest.importorskip("kubernetes_validate", reason="in the test extra")
+    import copy
+
+    doc = _manifest("daskcluster.yaml")
+    typo = copy.deepcopy(doc)
+    typo["spec"]["worker"]["replica"] = typo["spec"]["worker"].pop("replicas")
+    with pytest.raises(AssertionError, match=r"spec\.worker\.replica\b"):
+        _validate_custom(typo, "typo")
+    wrong = copy.deepcopy(doc)
+    wrong["spec"]["worker"]["replicas"] = "two"
+    with pytest.raises(AssertionError, match="is not of type 'integer'"):
+        _validate_custom(wrong, "wrong type")
 
 
 def test_helm_values_that_the_chart_copies_into_its_pods_are_valid():
