@@ -61,12 +61,14 @@ def main() -> None:
         Xtr, ytr = load_arrays(train)
         t0 = time.perf_counter()
         pipe = make_pipeline(
-            RBFSampler(gamma=1.0 / (2 * args.bandwidth**2), n_components=args.features, random_state=0),
+            RBFSampler(gamma=1.0 / (2 * args.bandwidth**2), n_components=args.features,
+                       random_state=0),
             SGDClassifier(n_jobs=args.workers, random_state=0))
         pipe.fit(Xtr, ytr)
         acc = float(pipe.score(Xte, yte))
         results["sklearn"] = {"accuracy": acc, "seconds": time.perf_counter() - t0}
-        print(f"RBFSampler+SGDClassifier: accuracy {acc:.4f} in {results['sklearn']['seconds']:.1f}s")
+        seconds = results["sklearn"]["seconds"]
+        print(f"RBFSampler+SGDClassifier: accuracy {acc:.4f} in {seconds:.1f}s")
         results["ratio"] = {
             "accuracy_dsg_over_sklearn": results["dsg"]["accuracy"] / acc,
             "time_dsg_over_sklearn": results["dsg"]["seconds"] / results["sklearn"]["seconds"]}

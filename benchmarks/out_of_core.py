@@ -7,7 +7,8 @@ runs, every worker's RSS is sampled; afterwards its spilled bytes are read.
 Prints, per solver: rows/s on the big and on the small store, their ratio,
 peak worker RSS against the limit, and bytes spilled (expected: none).
 
-    python benchmarks/out_of_core.py --gb 36 --inputs 128 --memory-limit 2GiB   # 1.5x a 24 GB machine
+    # 1.5x a 24 GB machine:
+    python benchmarks/out_of_core.py --gb 36 --inputs 128 --memory-limit 2GiB
     python benchmarks/out_of_core.py --gb 4 --small-gb 0.5 --memory-limit 1GiB   # a quick run
 
 The first command writes 36 GB (about 40 GB free disk needed for both stores).
@@ -111,7 +112,8 @@ def main() -> None:
                 chunk_rows = max(1024, int(args.chunk_mb * 2**20) // (4 * args.inputs))
                 make_store(path, rows, args.inputs, chunk_rows=chunk_rows, kind="regression",
                            client=client, progress=True)
-                out[f"write_{name}_mb_per_s"] = rows * args.inputs * 4 / 1e6 / (time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                out[f"write_{name}_mb_per_s"] = rows * args.inputs * 4 / 1e6 / seconds
             stores[name] = path
         for kind in args.solvers:
             for name in ("small", "big"):

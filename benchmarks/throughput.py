@@ -4,11 +4,12 @@ The ceiling is measured in the same run, on the same worker processes: every
 worker, at once, generates the D random features of resident rows
 (cos(X W + b), float32) and does one forward (Z theta) and one backward
 (Z^T r) product -- the least arithmetic any step on those features needs --
-in the solvers' own fused row-tile pass (dkernel/solvers/fused.py).  Each solver then fits one epoch at its default
-settings (only ``n_features`` given) on a synthetic regression store read
-from disk, and its rows/s (rows / whole fit time, preconditioner and bandwidth
-included) is printed as a percentage of that ceiling, with the held-out R^2
-so that speed is never bought with a broken model.
+in the solvers' own fused row-tile pass (dkernel/solvers/fused.py).  Each
+solver then fits one epoch at its default settings (only ``n_features``
+given) on a synthetic regression store read from disk, and its rows/s (rows
+over the whole fit time, preconditioner and bandwidth included) is printed
+as a percentage of that ceiling, with the held-out R^2 so that speed is
+never bought with a broken model.
 
     python benchmarks/throughput.py              # 2M x 32 store; 2 workers and 1, two rounds
     python benchmarks/throughput.py --repeat 1             # one timed fit each (quicker, noisier)
@@ -116,7 +117,8 @@ def step_overhead(client, n_steps: int = 200) -> dict:
     engine.run_steps(data, Null(), n_epochs=1, batch_size=64 * lanes, random_state=0)
     seconds = time.perf_counter() - t0
     steps = engine.history[0]["steps"]
-    return {"seconds_per_step": seconds / steps, "tasks_per_step": (executed(client) - before) / steps,
+    return {"seconds_per_step": seconds / steps,
+            "tasks_per_step": (executed(client) - before) / steps,
             "lanes": lanes}
 
 
@@ -339,7 +341,8 @@ def main() -> None:
                         key=lambda v: v["seconds"])
                 results["preconditioner"].append(r)
                 print(f"EigenPro-RF preconditioner on {rows:,} rows: {r['seconds']:.1f} s "
-                      f"(sample {r['sample_seconds']:.1f} s, eigensystem {r['eigensystem_seconds']:.1f} s, "
+                      f"(sample {r['sample_seconds']:.1f} s, "
+                      f"eigensystem {r['eigensystem_seconds']:.1f} s, "
                       f"q = {r['q']})", flush=True)
     print(json.dumps(results))
 

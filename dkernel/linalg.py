@@ -169,7 +169,8 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
         w, V = top_eigh(A, k, dtype)
         return Eigensystem(w, V, "dense", norm)
     else:
-        total = engine.map_reduce(data, _rows_partial, {"block": block, "params": params}, label=label)
+        total = engine.map_reduce(data, _rows_partial, {"block": block, "params": params},
+                                  label=label)
         A = np.empty((n, total["rows"][0].shape[1]))
         for idx, rows in zip(total["idx"], total["rows"]):
             A[idx] = rows
@@ -239,6 +240,7 @@ def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_i
 
 def _check_operator(operator: str, center: bool = False) -> None:
     if operator not in ("gram", "rows"):
-        raise ValueError(f"operator={operator!r}; choose 'gram' (T^T T / n) or 'rows' (T / n, T symmetric)")
+        raise ValueError(f"operator={operator!r}; choose 'gram' (T^T T / n) or 'rows' "
+                         "(T / n, T symmetric)")
     if center and operator != "gram":
         raise ValueError("center=True applies to operator='gram' (a covariance) only")

@@ -9,8 +9,9 @@ estimator: regression targets as floats, binary/one-vs-rest targets as
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from dkernel.backend import namespace
 

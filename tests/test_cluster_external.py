@@ -132,7 +132,8 @@ def test_cli_fit_runs_on_both_workers_of_external_scheduler(external, store, tmp
     out = tmp_path / "model.npz"
     with Client(external, set_as_default=False) as probe:
         before = _executed(probe)
-        rc = main(["fit", store, "--solver", "dsg", "--task", "classification", "--kernel", "gaussian",
+        rc = main(["fit", store, "--solver", "dsg", "--task", "classification",
+                   "--kernel", "gaussian",
                    "--bandwidth", "auto", "--features", "256", "--block-size", "64",
                    "--batch-size", "128", "--epochs", "2", "--seed", "7",
                    "--scheduler", external, "--out", str(out), "--quiet"])
@@ -177,7 +178,8 @@ def test_same_seed_data_and_chunking_give_identical_model_on_any_cluster(externa
     assert on_external.lanes_ == 2  # lanes="auto": one per worker, recorded
     on_local_2 = DSGClassifier(**FIT, client=client).fit(store)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster, set_as_default=False) as c1:
+                      silence_logs=logging.ERROR) as cluster, \
+            Client(cluster, set_as_default=False) as c1:
         # the recorded width reproduces the fit on a cluster of another size
         on_local_1 = DSGClassifier(**{**FIT, "lanes": on_external.lanes_}, client=c1).fit(store)
     for other in (on_local_2, on_local_1):

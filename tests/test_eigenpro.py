@@ -91,8 +91,8 @@ def test_randomized_eigensolver_runs_on_both_workers(client):
     S = _points(400, 3, seed=2)
     params = {"Z": S, "kernel": "gaussian", "bandwidth": 0.7}
     with get_task_stream(client) as ts:
-        randomized_eigensystem(Engine(client), _subsample_dataset(S, 50), kernel_block, params, 8, 400,
-                               operator="rows")
+        randomized_eigensystem(Engine(client), _subsample_dataset(S, 50), kernel_block, params,
+                               8, 400, operator="rows")
     workers = {t["worker"] for t in ts.data if "randomized-eigensystem" in str(t["key"])}
     assert len(workers) == 2, f"the kernel-column products ran on {workers} only"
 

@@ -126,7 +126,8 @@ def test_cache_keeps_a_runs_first_blocks_when_its_cycle_outgrows_the_budget():
 
 
 def _moments(payload, X, y):
-    return {"s": X.sum(axis=0).astype(np.float64), "ss": (X.astype(np.float64) ** 2).sum(), "count": X.shape[0]}
+    return {"s": X.sum(axis=0).astype(np.float64), "ss": (X.astype(np.float64) ** 2).sum(),
+            "count": X.shape[0]}
 
 
 def test_map_reduce_sums_over_every_chunk_on_the_workers(client):
@@ -191,8 +192,8 @@ def test_same_seed_gives_bit_identical_model_on_one_or_two_workers(client):
     X, y = make_blobs_classification(1200, 6)
     Xd, yd = da.from_array(X, chunks=(300, 6)), da.from_array(y, chunks=300)
     # lanes given: the width is what the model depends on ("auto" follows the cluster)
-    kw = dict(n_features=512, block_size=128, n_epochs=2, batch_size=128, bandwidth=2.0, random_state=5,
-              lanes=4)
+    kw = dict(n_features=512, block_size=128, n_epochs=2, batch_size=128, bandwidth=2.0,
+              random_state=5, lanes=4)
     two = DSGClassifier(client=client, **kw).fit(Xd, yd)
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as one_client:
@@ -244,7 +245,8 @@ def _set_cache_fraction(value):
 def test_worker_cache_serves_later_epochs_and_streaming_gives_the_same_model(client):
     X, y = make_blobs_classification(1600, 6)
     Xd, yd = da.from_array(X, chunks=(400, 6)), da.from_array(y, chunks=400)
-    kw = dict(n_features=512, block_size=128, n_epochs=3, batch_size=128, bandwidth=2.0, client=client)
+    kw = dict(n_features=512, block_size=128, n_epochs=3, batch_size=128, bandwidth=2.0,
+              client=client)
     try:
         client.run(_set_cache_fraction, 0.4)
         cached = DSGClassifier(**kw).fit(Xd, yd)

@@ -146,7 +146,9 @@ def test_a_model_whose_features_regenerate_differently_is_refused(client, tmp_pa
     arrays, meta = read_npz(tmp_path / "m.npz")
     meta = json.loads(json.dumps(meta))
     meta["features"]["weights_sha256"] = "0" * 64  # what another sampler would give
-    write_npz_atomic(tmp_path / "bad.npz", arrays, {k: v for k, v in meta.items()
-                                                    if k not in ("format", "format_version", "versions")})
-    with pytest.raises(ValueError, match="regenerated differently by NumPy .* load it with the NumPy"):
+    stamp = ("format", "format_version", "versions")
+    write_npz_atomic(tmp_path / "bad.npz", arrays,
+                     {k: v for k, v in meta.items() if k not in stamp})
+    with pytest.raises(ValueError,
+                       match="regenerated differently by NumPy .* load it with the NumPy"):
         load_model(tmp_path / "bad.npz")

@@ -30,7 +30,8 @@ TOTAL_STEPS = sum(ChunkPlan((CHUNK,) * (N_ROWS // CHUNK), BATCH, LANES, SEED).st
 # Kill in the second epoch, second group: resume must skip a whole epoch and
 # a group of the current one, then replay the rest of the group's steps.
 KILL_AT = TOTAL_STEPS // 2 - 10
-FIT_ARGS = ["--solver", "dsg", "--task", "classification", "--kernel", "gaussian", "--bandwidth", "2",
+FIT_ARGS = ["--solver", "dsg", "--task", "classification", "--kernel", "gaussian",
+            "--bandwidth", "2",
             "--features", "256", "--block-size", "32", "--batch-size", str(BATCH),
             "--epochs", str(EPOCHS), "--lanes", str(LANES), "--seed", str(SEED), "--quiet",
             # Dai's block steps: nothing is recomputed on resume, so the model is

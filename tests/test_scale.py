@@ -107,7 +107,8 @@ def test_make_store_command_writes_the_store_on_the_workers(client, tmp_path, ca
                       random_state=3)
     a, b = open_dataset(str(out)), open_dataset(here)
     assert a.row_chunks == b.row_chunks
-    assert np.array_equal(a.X.compute(), b.X.compute()) and np.array_equal(a.y.compute(), b.y.compute())
+    assert np.array_equal(a.X.compute(), b.X.compute())
+    assert np.array_equal(a.y.compute(), b.y.compute())
     # refuses to overwrite, and leaves no temporary store behind
     assert main(["make-store", str(out), "--rows", "10", "--quiet", "--scheduler", addr]) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.zarr", "here.zarr"]

@@ -24,7 +24,7 @@ def sphere_polynomial_target(X: np.ndarray, degree: int = 10) -> np.ndarray:
     a, b = X[:, -2].astype(np.float64), X[:, -1].astype(np.float64)
     h = [np.ones_like(a)]  # h_k(a, b) = a h_{k-1} + b^k
     bk = np.ones_like(b)
-    for k in range(1, degree + 1):
+    for _ in range(degree):
         bk = bk * b
         h.append(a * h[-1] + bk)
     cum = np.cumsum(h, axis=0)  # cum[j] = sum_{k<=j} h_k

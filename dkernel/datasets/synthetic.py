@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 
-
 def make_dai_ridge(n: int, d: int = 2, noise: float = 0.1, random_state: int = 0,
                    dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     """Dai et al. 2014 synthetic ridge problem (section 7):
@@ -21,7 +20,8 @@ def make_dai_ridge(n: int, d: int = 2, noise: float = 0.1, random_state: int = 0
 
 
 def make_blobs_classification(n: int, d: int = 10, n_classes: int = 3, random_state: int = 0,
-                              dtype: str = "float32", concept: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                              dtype: str = "float32", concept: int = 0,
+                              ) -> tuple[np.ndarray, np.ndarray]:
     """Non-linear classes: the argmax of smooth random scores (a sine of a random
     projection plus a quadratic term), so a linear model cannot fit them.
 

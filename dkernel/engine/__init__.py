@@ -5,5 +5,6 @@ from dkernel.engine.guard import DivergenceError, FitQualityWarning
 from dkernel.engine.loop import Engine, EngineOptions, tree_sum
 from dkernel.engine.program import StepProgram
 
-__all__ = ["connect", "local_cluster", "DivergenceError", "Engine", "EngineOptions", "FitQualityWarning",
+__all__ = ["connect", "local_cluster", "DivergenceError", "Engine", "EngineOptions",
+           "FitQualityWarning",
            "StepProgram", "tree_sum"]

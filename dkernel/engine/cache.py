@@ -27,7 +27,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import dask
 

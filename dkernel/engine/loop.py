@@ -25,10 +25,11 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from functools import partial, wraps
-from typing import Any, Callable
+from typing import Any
 
 import dask
 import numpy as np
@@ -277,7 +278,8 @@ class _ChunkSource:
             validate = c not in self._validated
             self._validated.add(c)
             out[c] = self.client.compute(
-                dask.delayed(_load_chunk, pure=False)(xb, yb, int(self.offsets[c]), self.dtype, validate),
+                dask.delayed(_load_chunk, pure=False)(xb, yb, int(self.offsets[c]), self.dtype,
+                                                      validate),
                 **self.placement(c))
         return out
 
@@ -394,7 +396,8 @@ class Engine:
                             continue
                         payload = _ship(self.client, program.payload(state, step))
                         for attempt in range(_STEP_RETRIES + 1):
-                            # named keys: the dashboard shows "<solver>-step" tasks, not _run_partial
+                            # named keys: the dashboard shows "<solver>-step" tasks,
+                            # not _run_partial
                             tag = f"{_key_label(program.label)}-step-{run[:8]}-{step}"
                             futs = [self.client.submit(_run_step_partial, type(program).partial,
                                                        payload, current[c],
@@ -403,8 +406,9 @@ class Engine:
                                                        else None,
                                                        *extra, run=run, **source.placement(c),
                                                        key=f"{tag}-{c}-{attempt}",
-                                                       # before the prefetch of the next chunks, which
-                                                       # then runs while the client sums and updates
+                                                       # before the prefetch of the next
+                                                       # chunks, which then runs while the
+                                                       # client sums and updates
                                                        priority=1)
                                     for c in group if j < n_slices[c]]
                             if prefetch is not None:
@@ -577,7 +581,8 @@ class Engine:
              payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
              random_state: int = 0, fingerprint: dict | None = None, label: str = "scan",
              window: int | None = None, pass_start: bool = False) -> Any:
-        """Thread ``state`` through every chunk: ``state = fold(state, prepare(payload, X, y), payload)``.
+        """Thread ``state`` through every chunk:
+        ``state = fold(state, prepare(payload, X, y), payload)``.
 
         ``prepare`` must not depend on the state, so the engine runs it ahead
         for up to ``window`` chunks in parallel while the folds run in chunk
@@ -596,7 +601,8 @@ class Engine:
         opts = self.options
         plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every,
-                            {**(fingerprint or {}), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
+                            {**(fingerprint or {}), "n_rows": data.n_rows,
+                             "n_inputs": data.n_inputs,
                              "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,
                              "shuffle": shuffle, "random_state": int(random_state), "scan": label})
         start = 0

@@ -157,7 +157,8 @@ def zonal_weights(L: int, d: int, s: float) -> np.ndarray:
     ``K^L(x, y) = sum_k w_k P_k(<x, y>)``; ``K^L(x, x) = sum_k w_k``.
     """
     d = _check_d(d)
-    return np.array([math.exp(math.log(dim_harmonics(k, d)) - 2.0 * s * math.log(dim_polynomials(k, d)))
+    return np.array([math.exp(math.log(dim_harmonics(k, d))
+                              - 2.0 * s * math.log(dim_polynomials(k, d)))
                      for k in range(L + 1)], dtype=np.float64)
 
 
@@ -253,7 +254,8 @@ class ZonalFeatures:
         self.kind = kind
         if kind == "harmonic":
             self.feature_degree = np.repeat(np.arange(self.degree + 1),
-                                            [dim_harmonics(k, self.d) for k in range(self.degree + 1)])
+                                            [dim_harmonics(k, self.d)
+                                             for k in range(self.degree + 1)])
         else:
             self._build_monomials()
 
@@ -280,7 +282,8 @@ class ZonalFeatures:
     # -- monomial bookkeeping --------------------------------------------------
     def _build_monomials(self) -> None:
         d, L = self.d, self.degree
-        parents, last, scale, degs = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.ones(1)], [0]
+        parents, last = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        scale, degs = [np.ones(1)], [0]
         prev_last = np.array([0], dtype=np.int64)  # degree 0: "last variable" 0 allows any next
         prev_counts = [np.zeros(d, dtype=np.int64)]
         offset_prev, offset = 0, 1
@@ -293,7 +296,8 @@ class ZonalFeatures:
                     c = prev_counts[q].copy()
                     c[i] += 1
                     counts.append(c)
-                    sc.append(math.sqrt(math.factorial(j) / math.prod(math.factorial(int(v)) for v in c)))
+                    sc.append(math.sqrt(math.factorial(j)
+                                        / math.prod(math.factorial(int(v)) for v in c)))
             parents.append(np.array(par, dtype=np.int64))
             last.append(np.array(lv, dtype=np.int64))
             scale.append(np.array(sc))
@@ -310,7 +314,8 @@ class ZonalFeatures:
         xp = namespace(X)
         X = xp.asarray(X, dtype=np.float64)
         if X.shape[1] != self.d:
-            raise ValueError(f"points have {X.shape[1]} coordinates, the features expect d={self.d}")
+            raise ValueError(f"points have {X.shape[1]} coordinates, the features expect "
+                             f"d={self.d}")
         if self.kind == "monomial":
             return self._monomials(X)
         return self._harmonics_2(X) if self.d == 2 else self._harmonics_3(X)
@@ -349,7 +354,7 @@ class ZonalFeatures:
         L = self.degree
         U = xp.empty((X.shape[0], self.n_features), dtype=np.float64)
         zm = [xp.ones_like(z)]
-        for m in range(1, L + 1):
+        for _ in range(L):
             zm.append(zm[-1] * z)
         Q: dict[tuple[int, int], Any] = {}
         qmm = xp.ones_like(t)
@@ -361,18 +366,19 @@ class ZonalFeatures:
             Q[m, m] = qmm
             if m + 1 <= L:
                 Q[m + 1, m] = math.sqrt(2 * m + 3) * t * qmm
-            for l in range(m + 2, L + 1):
-                a = math.sqrt((2 * l - 1) * (2 * l + 1) / ((l - m) * (l + m)))
-                b = math.sqrt((2 * l + 1) * (l + m - 1) * (l - m - 1) / ((l - m) * (l + m) * (2 * l - 3)))
-                Q[l, m] = a * t * Q[l - 1, m] - b * Q[l - 2, m]
+            for ell in range(m + 2, L + 1):
+                a = math.sqrt((2 * ell - 1) * (2 * ell + 1) / ((ell - m) * (ell + m)))
+                b = math.sqrt((2 * ell + 1) * (ell + m - 1) * (ell - m - 1)
+                              / ((ell - m) * (ell + m) * (2 * ell - 3)))
+                Q[ell, m] = a * t * Q[ell - 1, m] - b * Q[ell - 2, m]
         col = 0
-        for l in range(L + 1):
-            U[:, col] = Q[l, 0]
+        for ell in range(L + 1):
+            U[:, col] = Q[ell, 0]
             col += 1
-            for m in range(1, l + 1):
+            for m in range(1, ell + 1):
                 # the (2 - delta_m0) of the real basis is already inside Pbar_lm
-                U[:, col] = Q[l, m] * zm[m].real
-                U[:, col + 1] = Q[l, m] * zm[m].imag
+                U[:, col] = Q[ell, m] * zm[m].real
+                U[:, col + 1] = Q[ell, m] * zm[m].imag
                 col += 2
         return U
 
@@ -382,7 +388,8 @@ class ZonalFeatures:
         Ls = np.arange(self.degree + 1)[:, None]
         if self.kind == "harmonic":
             mu = w / np.array([dim_harmonics(k, self.d) for k in range(self.degree + 1)])
-            return np.where(self.feature_degree[None, :] <= Ls, mu[self.feature_degree][None, :], 0.0)
+            return np.where(self.feature_degree[None, :] <= Ls,
+                            mu[self.feature_degree][None, :], 0.0)
         p = gegenbauer_monomial_coefficients(self.degree, self.d)  # p[k, j]
         b = np.cumsum(w[:, None] * p, axis=0)  # b[L, j] = sum_{k<=L} w_k p[k, j]
         return b[:, self.feature_degree]

@@ -268,7 +268,8 @@ class DSGProgram(StepProgram):
                              list(map(float, self.encoding.offset))],
                 "n_blocks": self.n_blocks, "alpha": self.alpha, "step_size": self.step_size,
                 "step_decay": self.step_decay, "average": self.average,
-                "preconditioner": None if P is None else [P.q, P.tau, float(f"{np.sum(P.values):.8g}")]}
+                "preconditioner": (None if P is None
+                                   else [P.q, P.tau, float(f"{np.sum(P.values):.8g}")])}
 
 
 #: With ``average``, the scale is folded into the coefficients once it falls

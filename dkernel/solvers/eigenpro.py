@@ -351,4 +351,5 @@ def math_summary(pre: KernelPreconditioner, beta: float, batch: int) -> dict[str
     return {"q": pre.q, "lambda_1": float(pre.values[0]), "lambda_tail": pre.tail,
             "lambda_new": lam_new, "critical_batch": critical_batch(beta, lam_new),
             "batch_size": batch, "eta": step_size(batch, beta, lam_new),
-            "acceleration": float(pre.values[0]) / lam_new if math.isfinite(lam_new) else float("nan")}
+            "acceleration": (float(pre.values[0]) / lam_new if math.isfinite(lam_new)
+                             else float("nan"))}

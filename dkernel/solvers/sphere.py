@@ -58,7 +58,8 @@ _TILE = 2048
 
 # -- schedules ----------------------------------------------------------------
 
-def truncation_levels(n: Any, d: int, theta: float | None, max_degree: int | None = None) -> np.ndarray:
+def truncation_levels(n: Any, d: int, theta: float | None,
+                      max_degree: int | None = None) -> np.ndarray:
     """L_n for 1-based step indices n (eq. 2.11), capped at ``max_degree``.
 
     ``theta=None``: L_n = max_degree for every n (untruncated-schedule kernel SGD).
@@ -227,15 +228,18 @@ def sphere_fold(state: dict, prep: dict, payload: dict) -> dict[str, Any]:
     """Thread the model through one chunk, block by block (exact)."""
     start, B = prep["start"], payload["block_size"]
     if state["n"] != start:
-        raise RuntimeError(f"sphere scan out of order: state has {state['n']} rows, chunk starts at {start}")
+        raise RuntimeError(f"sphere scan out of order: state has {state['n']} rows, "
+                           f"chunk starts at {start}")
     record = {r: i for i, r in enumerate(payload["record_at"])}
     m = prep["Y"].shape[0]
     features = payload["form"] == "features"
     if features:
         W = payload["features"].level_weights()
-        coef, coef_sum, recorded = state["coef"].copy(), state["coef_sum"].copy(), state["recorded"].copy()
+        coef, coef_sum = state["coef"].copy(), state["coef_sum"].copy()
+        recorded = state["recorded"].copy()
     else:
-        support, alpha, level = state["support"].copy(), state["alpha"].copy(), state["level"].copy()
+        support, alpha = state["support"].copy(), state["alpha"].copy()
+        level = state["level"].copy()
     loss_sum, pass_end = state["loss_sum"].copy(), state["pass_end"].copy()
     n_rows = payload["n_rows"]
     n = start
@@ -274,7 +278,8 @@ def _kernel_eval(S: np.ndarray, support: np.ndarray, alpha: np.ndarray, level: n
     """sum_i alpha_i K^{L_i}(x_i, S) in row tiles of the support."""
     out = np.zeros((S.shape[0], alpha.shape[1]))
     for a in range(0, support.shape[0], _TILE):
-        out += zonal_profile(S @ support[a : a + _TILE].T, d, s, level[a : a + _TILE]) @ alpha[a : a + _TILE]
+        tile = slice(a, a + _TILE)
+        out += zonal_profile(S @ support[tile].T, d, s, level[tile]) @ alpha[tile]
     return out
 
 
@@ -302,5 +307,6 @@ def check_step(eta0: float, d: int, s: float, L: int) -> None:
 def fingerprint(payload: dict) -> dict:
     keys = ("d", "s", "theta", "eta0", "t", "max_degree", "max_level", "n_total", "n_outputs",
             "form", "input_map", "scale", "block_size", "record_at")
-    return {"solver": "sphere", **{k: (list(payload[k]) if k == "record_at" else payload[k]) for k in keys},
+    return {"solver": "sphere",
+            **{k: (list(payload[k]) if k == "record_at" else payload[k]) for k in keys},
             "version": 2}
