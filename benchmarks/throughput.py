@@ -78,7 +78,14 @@ def measure_ceiling(client, n_inputs: int, n_features: int, rows: int = 65536,
 
 
 def null_partial(payload, X, y):
-    return {"count": X.shape[0]}
+    """No arithmetic: the row count, plus a zero gradient of the payload's model
+    size when there is one (what a real step ships back)."""
+    import numpy as np
+
+    out = {"count": X.shape[0]}
+    if "theta" in payload:
+        out["grad"] = np.zeros(payload["theta"].shape)
+    return out
 
 
 def executed(client) -> int:
@@ -86,14 +93,25 @@ def executed(client) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
 
 
-def step_overhead(client, n_steps: int = 200) -> dict:
-    """Fixed cost of one engine step: steps whose partial does nothing (64 rows
-    a lane), so the time is the round trip, scheduling and the reduction."""
+def step_overhead(client, n_steps: int = 200, n_features: int = 0) -> dict:
+    """Fixed cost of one engine step: steps whose partial does no arithmetic (64
+    rows a lane), so the time is the round trip, scheduling and the reduction.
+
+    ``n_features`` > 0 gives the step a real model's traffic: a float32 theta
+    of that many features out to every lane and a float64 gradient of the same
+    size back from each.  Measured: seconds, scheduler tasks and client CPU
+    (``time.process_time`` of this process: its event loop and the sums) per
+    step.  Bytes per step are counted from the messages' sizes: the payload
+    rides in each lane's task (below the engine's scatter threshold), and the
+    client gathers what :func:`dkernel.engine.loop.tree_sum` leaves."""
     import numpy as np
 
     from dkernel.data import open_dataset
     from dkernel.engine import Engine
+    from dkernel.engine.loop import _FAN_IN
     from dkernel.engine.program import StepProgram
+
+    theta = np.zeros((n_features, 1), np.float32) if n_features else None
 
     class Null(StepProgram):
         partial = staticmethod(null_partial)
@@ -103,7 +121,7 @@ def step_overhead(client, n_steps: int = 200) -> dict:
             return {"x": np.zeros(1)}
 
         def payload(self, state, step):
-            return {}
+            return {} if theta is None else {"theta": theta}
 
         def update(self, state, total, step):
             return state
@@ -113,13 +131,19 @@ def step_overhead(client, n_steps: int = 200) -> dict:
     rows = n_steps * 64 * lanes
     data = open_dataset(np.zeros((rows, 4), np.float32), chunk_rows=rows // (2 * lanes))
     before = executed(client)
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     engine.run_steps(data, Null(), n_epochs=1, batch_size=64 * lanes, random_state=0)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     steps = engine.history[0]["steps"]
+    gathered = lanes
+    while gathered > _FAN_IN:
+        gathered = -(-gathered // _FAN_IN)
+    grad_bytes = 0 if theta is None else n_features * 8
     return {"seconds_per_step": seconds / steps,
             "tasks_per_step": (executed(client) - before) / steps,
-            "lanes": lanes}
+            "client_cpu_per_step": cpu / steps, "lanes": lanes,
+            "bytes_out_per_step": lanes * (0 if theta is None else theta.nbytes),
+            "bytes_in_per_step": gathered * grad_bytes}
 
 
 def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
