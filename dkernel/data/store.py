@@ -1,7 +1,8 @@
 """Writing dataset stores: a zarr group with row-chunked, compressed X (and y),
 created under a temporary name and renamed into place when complete.  Tasks
 that write such a store on the workers run through :func:`run_writes`, which
-on a failure stops them all before the temporary store is removed."""
+on a failure stops them all before the temporary store is removed;
+:func:`write_arrays` writes dask arrays that way (ingest, predictions)."""
 
 from __future__ import annotations
 
@@ -145,6 +146,28 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
                     arr[i : i + arr.chunks[0]] = np.asarray(a[i : i + arr.chunks[0]])
         if attrs:
             group.attrs.update(attrs)
+    return os.fspath(path)
+
+
+def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], chunk_rows: int,
+                 *, overwrite: bool = False, attrs: dict | None = None) -> str:
+    """Write dask arrays of rows (None: left out) as the arrays of a store at
+    ``path``, chunked by ``chunk_rows`` rows, on the workers of ``client``: each
+    chunk is assembled and written by one worker, through :func:`run_writes`
+    (a failure stops every task before the temporary store is removed).
+    Returns the path."""
+    import dask.array as da
+
+    with atomic_store(path, overwrite) as group:
+        sources, targets = [], []
+        for name, a in arrays.items():
+            if a is not None:
+                targets.append(create_array(group, name, tuple(int(s) for s in a.shape), a.dtype,
+                                            chunk_rows))
+                # the arrays' row chunks align, so no two tasks write one zarr chunk
+                sources.append(a.rechunk(targets[-1].chunks))
+        run_writes(client, da.store(sources, targets, lock=False, compute=False))
+        group.attrs.update(attrs or {})
     return os.fspath(path)
 
 
