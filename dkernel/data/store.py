@@ -17,15 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from dkernel.data.validate import check_positive
+
 DEFAULT_CHUNK_ROWS = 8192
 #: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
 #: and DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
 CHUNK_BYTES = 32 * 2**20
 
 
-def default_chunk_rows(n_inputs: int, dtype: Any) -> int:
-    """Rows of an ingested chunk when none are given: at most
-    ``DEFAULT_CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of X."""
+def default_chunk_rows(n_inputs: int, dtype: Any, chunk_rows: int | None = None) -> int:
+    """Rows of an ingested chunk: ``chunk_rows`` (checked) when given, else at
+    most ``DEFAULT_CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of X."""
+    if chunk_rows is not None:
+        check_positive("chunk_rows", chunk_rows, integer=True)
+        return chunk_rows
     row_bytes = max(1, int(n_inputs) * np.dtype(dtype).itemsize)
     return max(1, min(DEFAULT_CHUNK_ROWS, CHUNK_BYTES // row_bytes))
 

@@ -5,9 +5,8 @@ infinity, and the parameters every ingest function documents alike."""
 from __future__ import annotations
 
 import gzip
-import io
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -36,32 +35,6 @@ def is_gzip(path: PathLike) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-def open_text(path: PathLike) -> IO[str]:
-    return io.TextIOWrapper(open_bytes(path), encoding="utf-8")
-
-
-def numbered_lines(path: PathLike, f: IO[str]) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the non-blank lines, with decoding errors named."""
-    lineno = 0
-    try:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                yield lineno, line.rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise IngestError(f"{os.fspath(path)}: not UTF-8 text near line {lineno + 1}; is this "
-                          "a binary file? pass --format if the name misleads") from None
-    except (OSError, EOFError) as exc:  # corrupt or truncated gzip
-        raise IngestError(f"{os.fspath(path)}: cannot read past line {lineno}: {exc}") from None
-
-
-def read_bytes(f: IO[bytes], nbytes: int, path: str) -> bytes:
-    try:
-        data = f.read(nbytes)
-    except (OSError, EOFError) as exc:
-        raise IngestError(f"{path}: cannot read: {exc}") from None
-    return data
-
-
 def first_line(exc: BaseException) -> str:
     """The first line of an error's message (a reader's tracebacks run long)."""
     text = str(exc).strip()
@@ -69,20 +42,6 @@ def first_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------- columns
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def sniff_delimiter(line: str) -> str | None:
-    """``,``, tab or ``;``, whichever the line holds first in that order; None
-    (runs of whitespace) if none."""
-    return next((d for d in (",", "\t", ";") if d in line), None)
-
 
 def target_column(columns: list[str] | None, target: int | str | None, n_cols: int,
                   path: str) -> int | None:

@@ -12,9 +12,10 @@ are converted to ``dtype`` (float32 by default).
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -23,17 +24,13 @@ from dkernel.data.ingest.common import (
     IngestError,
     PathLike,
     first_line,
-    is_number,
-    numbered_lines,
-    open_text,
-    sniff_delimiter,
+    open_bytes,
     store_params,
     target_column,
 )
-from dkernel.data.ingest.parallel import as_dtype, on_cluster
-from dkernel.data.ingest.writer import Source, ingest_source
+from dkernel.data.ingest.parallel import as_dtype, on_cluster, table_columns
+from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
-from dkernel.data.validate import check_positive
 
 # A CSV partition is one byte range of the file; 64 MB keeps tasks coarse
 # (scheduling costs ~ms) yet each worker's memory at a few hundred MB.
@@ -74,40 +71,27 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
     src = _csv_source(path, target, header, delimiter,
                       np.dtype("float64") if auto else np.dtype(y_dtype))
     src.y_auto = auto and src.y_dtype is not None
-    return ingest_source(out, src, chunk_rows, dtype, overwrite)
+    write_stores({out: src}, chunk_rows, dtype, overwrite)
+    return os.fspath(out)
 
 
 def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
                 delimiter: str | None, y_dtype: np.dtype) -> Source:
     path = os.fspath(path)
-    with open_text(path) as f:
-        first = next(numbered_lines(path, f), None)
-    if first is None:
-        raise IngestError(f"{path}: no data rows; nothing to ingest")
-    if delimiter == "auto":
-        delimiter = sniff_delimiter(first[1])
-
-    def split(line: str) -> list[str]:
-        if delimiter is None:
-            return line.split()
-        return [v.strip() for v in next(csv.reader([line], delimiter=delimiter, quotechar='"'))]
-
-    fields = split(first[1])
+    first, delimiter, fields, header = _first_row(path, header, delimiter)
     n_cols = len(fields)
-    if header is None:
-        header = not all(is_number(v) for v in fields)
     names = fields if header else None
     t = target_column(names, target, n_cols, path)
 
     def diagnose(lines: list[str], numbers: list[int], exc: Exception) -> IngestError:
         for lineno, line in zip(numbers, lines, strict=True):
-            vals = split(line)
+            vals = _split(line, delimiter)
             if len(vals) != n_cols:
                 return IngestError(f"{path}:{lineno}: {len(vals)} values but {n_cols} columns "
-                                   f"(line {first[0]}); every row needs the same number "
+                                   f"(line {first}); every row needs the same number "
                                    "(ragged rows)")
             for j, v in enumerate(vals):
-                if not is_number(v):
+                if not _is_number(v):
                     col = f"column {j + 1}" + (f" ({names[j]!r})" if names else "")
                     what = "empty value" if v == "" else f"non-numeric value {v!r}"
                     return IngestError(f"{path}:{lineno}: {what} in {col}; encode or impute it "
@@ -129,9 +113,9 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
     def blocks(chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         lines: list[str] = []
         numbers: list[int] = []
-        with open_text(path) as f:
-            for lineno, line in numbered_lines(path, f):
-                if header and lineno == first[0]:
+        with _open_text(path) as f:
+            for lineno, line in _numbered_lines(path, f):
+                if header and lineno == first:
                     continue
                 lines.append(line)
                 numbers.append(lineno)
@@ -147,6 +131,54 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
     if t is not None:
         attrs["target"] = names[t] if names is not None else t
     return Source(n_cols - (t is not None), blocks, None if t is None else y_dtype, (), attrs)
+
+
+def _first_row(path: str, header: bool | None,
+               delimiter: str | None) -> tuple[int, str | None, list[str], bool]:
+    """(line number, delimiter, fields, whether it is a header) of the first
+    non-blank line; a delimiter of "auto" and a header of None are detected."""
+    with _open_text(path) as f:
+        first = next(_numbered_lines(path, f), None)
+    if first is None:
+        raise IngestError(f"{path}: no data rows; nothing to ingest")
+    if delimiter == "auto":  # the first of these the line holds; else runs of whitespace
+        delimiter = next((d for d in (",", "\t", ";") if d in first[1]), None)
+    fields = _split(first[1], delimiter)
+    if header is None:
+        header = not all(_is_number(v) for v in fields)
+    return first[0], delimiter, fields, header
+
+
+def _split(line: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return line.split()
+    return [v.strip() for v in next(csv.reader([line], delimiter=delimiter, quotechar='"'))]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _open_text(path: PathLike) -> IO[str]:
+    return io.TextIOWrapper(open_bytes(path), encoding="utf-8")
+
+
+def _numbered_lines(path: PathLike, f: IO[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines, with decoding errors named."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                yield lineno, line.rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise IngestError(f"{os.fspath(path)}: not UTF-8 text near line {lineno + 1}; is this "
+                          "a binary file? pass --format if the name misleads") from None
+    except (OSError, EOFError) as exc:  # corrupt or truncated gzip
+        raise IngestError(f"{os.fspath(path)}: cannot read past line {lineno}: {exc}") from None
 
 
 def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
@@ -170,15 +202,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     if "://" not in path and not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     check_out(out, overwrite)
-    with open_text(path) as f:
-        first = f.readline().strip()
-    if not first:
-        raise IngestError(f"{path}: the first line is empty; nothing to ingest")
-    if delimiter == "auto":
-        delimiter = sniff_delimiter(first)
-    fields = first.split(delimiter) if delimiter else first.split()
-    if header is None:
-        header = not all(is_number(v.strip()) for v in fields)
+    _, delimiter, fields, header = _first_row(path, header, delimiter)
     kw: dict[str, Any] = {"blocksize": None if path.endswith(".gz") else blocksize,
                           "header": 0 if header else None}
     if delimiter is None:
@@ -211,9 +235,7 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
                   chunk_rows: int | None, overwrite: bool, client: Any) -> str:
     columns = [str(c) for c in ddf.columns]
     ddf.columns = columns
-    t = target_column(columns, target, len(columns), path)
-    t = None if t is None else columns[t]
-    x_cols = [c for c in columns if c != t]
+    t, x_cols, attrs = table_columns(columns, target, path, "csv")
     for c in columns:
         kind = np.dtype(ddf[c].dtype).kind if _is_numpy_dtype(ddf[c].dtype) else "O"
         if kind not in "biuf":
@@ -222,12 +244,7 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
             raise IngestError(f"{path}: column {c!r} is {ddf[c].dtype}, not numeric; encode or "
                               "drop it before ingesting")
     dtype = np.dtype(dtype)
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(len(x_cols), dtype)
-    check_positive("chunk_rows", chunk_rows, integer=True)
-    attrs = {"source": path, "format": "csv", "columns": x_cols}
-    if t is not None:
-        attrs["target"] = t
+    chunk_rows = default_chunk_rows(len(x_cols), dtype, chunk_rows)
     # Row counts per partition (a parsing pass): zarr chunks must start at known rows.
     try:
         lengths = tuple(int(v) for v in client.compute(ddf.map_partitions(len)).result())

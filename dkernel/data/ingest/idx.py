@@ -11,26 +11,13 @@ import gzip
 import os
 import struct
 from collections.abc import Iterator
-from contextlib import ExitStack
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from dkernel.data.ingest.common import (
-    IngestError,
-    PathLike,
-    open_bytes,
-    read_bytes,
-    store_params,
-)
-from dkernel.data.ingest.writer import (
-    Source,
-    ingest_source,
-    missing_parents,
-    remove_empty,
-    write_blocks,
-)
-from dkernel.data.store import atomic_store, check_out
+from dkernel.data.ingest.common import IngestError, PathLike, open_bytes, store_params
+from dkernel.data.ingest.writer import Source, write_stores
+from dkernel.data.store import check_out
 
 #: Where ``apt-get install dataset-fashion-mnist`` puts the idx files.
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -66,7 +53,8 @@ def ingest_idx(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
     {store params}
     """
     check_out(out, overwrite)
-    return ingest_source(out, _idx_source(path, labels, scale, dtype), chunk_rows, dtype, overwrite)
+    write_stores({out: _idx_source(path, labels, scale, dtype)}, chunk_rows, dtype, overwrite)
+    return os.fspath(out)
 
 
 def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
@@ -94,7 +82,7 @@ def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
         The output folder.
     """
     folder = os.fspath(source if source is not None else FASHION_MNIST_DIR)
-    sources = {}
+    out, sources = os.fspath(out), {}
     for split, names in _FASHION_FILES.items():
         found = []
         for name in names:
@@ -105,34 +93,31 @@ def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
                     f"Fashion-MNIST file {name}(.gz) not found in {folder}; install it with "
                     "'apt-get install dataset-fashion-mnist' or pass --source DIR")
             found.append(hits[0])
-        sources[split] = _idx_source(found[0], found[1], True, "float32")
-    out = os.fspath(out)
-    for split in sources:
-        check_out(os.path.join(out, f"{split}.zarr"), overwrite)
-    created = missing_parents(os.path.join(out, "train.zarr"))
-    try:
-        with ExitStack() as stack:  # both renamed into place only if both succeed
-            for split, src in sources.items():
-                path = os.path.join(out, f"{split}.zarr")
-                group = stack.enter_context(atomic_store(path, overwrite))
-                write_blocks(group, src, chunk_rows, "float32")
-    except BaseException:
-        remove_empty(created)
-        raise
+        sources[os.path.join(out, f"{split}.zarr")] = _idx_source(*found, True, "float32")
+    for path in sources:
+        check_out(path, overwrite)
+    write_stores(sources, chunk_rows, "float32", overwrite)
     return out
+
+
+def _read(f: IO[bytes], nbytes: int, path: str) -> bytes:
+    try:
+        return f.read(nbytes)
+    except (OSError, EOFError) as exc:  # corrupt or truncated gzip
+        raise IngestError(f"{path}: cannot read: {exc}") from None
 
 
 def _idx_header(path: PathLike) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, dims, header bytes) of an idx file; checks magic number and size."""
     path = os.fspath(path)
     with open_bytes(path) as f:
-        magic = read_bytes(f, 4, path)
+        magic = _read(f, 4, path)
         if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES \
                 or magic[3] == 0:
             shown = "0x" + magic.hex() if magic else "an empty file"
             raise IngestError(f"{path}: bad idx magic number {shown}; an idx file starts with "
                               "0x0000 then a type byte (0x08-0x0E) and the number of dimensions")
-        raw = read_bytes(f, 4 * magic[3], path)
+        raw = _read(f, 4 * magic[3], path)
         if len(raw) < 4 * magic[3]:
             raise IngestError(f"{path}: idx header ends early (truncated file)")
         dims = struct.unpack(f">{magic[3]}I", raw)
@@ -152,10 +137,10 @@ def _idx_blocks(path: str, dtype: np.dtype, dims: tuple[int, ...], head: int,
                 chunk_rows: int) -> Iterator[np.ndarray]:
     row = int(np.prod(dims[1:], dtype=np.int64))
     with open_bytes(path) as f:
-        read_bytes(f, head, path)
+        _read(f, head, path)
         for start in range(0, dims[0], chunk_rows):
             k = min(chunk_rows, dims[0] - start)
-            buf = read_bytes(f, k * row * dtype.itemsize, path)
+            buf = _read(f, k * row * dtype.itemsize, path)
             if len(buf) != k * row * dtype.itemsize:
                 got = start + len(buf) // max(1, row * dtype.itemsize)
                 raise IngestError(f"{path}: file ends after {got} of {dims[0]} items "

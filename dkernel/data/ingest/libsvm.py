@@ -27,7 +27,7 @@ import numpy as np
 
 from dkernel.data.ingest.common import IngestError, PathLike, is_gzip, open_bytes, store_params
 from dkernel.data.ingest.parallel import on_cluster
-from dkernel.data.ingest.writer import Source, ingest_source
+from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
 from dkernel.data.validate import check_positive
 
@@ -243,7 +243,8 @@ def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = Non
     """
     check_out(out, overwrite)  # before the extra pass over a possibly large file
     src = _libsvm_source(path, n_features, zero_based, np.dtype(dtype), np.dtype(y_dtype))
-    return ingest_source(out, src, chunk_rows, dtype, overwrite)
+    write_stores({out: src}, chunk_rows, dtype, overwrite)
+    return os.fspath(out)
 
 
 def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
@@ -308,9 +309,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         n = sum(r for r, _ in scans)
         if n == 0:
             raise IngestError(f"{path}: no data rows; nothing to ingest")
-        if chunk_rows is None:
-            chunk_rows = default_chunk_rows(d, dtype)
-        check_positive("chunk_rows", chunk_rows, integer=True)
+        chunk_rows = default_chunk_rows(d, dtype, chunk_rows)
         read = dask.delayed(dense_range, nout=2, pure=False)
         parts = [read(path, rng, d, zero_based, dtype, y_dtype)
                  for rng, (rows, _) in zip(ranges, scans) if rows]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.ingest.common import IngestError, PathLike, store_params
-from dkernel.data.ingest.writer import Source, ingest_source
+from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out
 from dkernel.data.validate import check_numeric_dtype
 
@@ -34,7 +34,8 @@ def ingest_npy(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
     {store params}
     """
     check_out(out, overwrite)
-    return ingest_source(out, _npy_source(path, labels), chunk_rows, dtype, overwrite)
+    write_stores({out: _npy_source(path, labels)}, chunk_rows, dtype, overwrite)
+    return os.fspath(out)
 
 
 def _load_npy(path: PathLike, name: str) -> np.ndarray:

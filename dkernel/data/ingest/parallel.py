@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.ingest.common import IngestError, cast_finite, first_nonfinite
+from dkernel.data.ingest.common import IngestError, cast_finite, first_nonfinite, target_column
 
 
 @contextmanager
@@ -40,6 +40,17 @@ def on_cluster(client: Any, what: str) -> Iterator[Any]:
                 "'dkernel ingest', which connects to a cluster itself") from None
     with client.as_current():
         yield client
+
+
+def table_columns(columns: list[str], target: int | str | None, path: str,
+                  fmt: str) -> tuple[str | None, list[str], dict]:
+    """The target column (None: no ``y``), the feature columns and the store's
+    attributes of a table read on the workers."""
+    t = target_column(columns, target, len(columns), path)
+    t = None if t is None else columns[t]
+    x_cols = [c for c in columns if c != t]
+    attrs = {"source": path, "format": fmt, "columns": x_cols}
+    return t, x_cols, attrs if t is None else {**attrs, "target": t}
 
 
 def as_dtype(block: np.ndarray, dtype: np.dtype, path: str, columns: list[str],

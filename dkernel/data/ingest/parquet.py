@@ -21,11 +21,9 @@ from dkernel.data.ingest.common import (
     IngestError,
     cast_finite,
     first_line,
-    target_column,
 )
-from dkernel.data.ingest.parallel import on_cluster, refuse_missing
+from dkernel.data.ingest.parallel import on_cluster, refuse_missing, table_columns
 from dkernel.data.store import atomic_store, check_out, create_array, default_chunk_rows, run_writes
-from dkernel.data.validate import check_positive
 
 #: Bytes of ``X`` one task reads and writes.
 _PARQUET_BLOCK = 64 * 2**20
@@ -72,9 +70,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     parts = _parquet_parts(path)
     schema = parts[0].schema
     columns = list(schema.names)
-    t = target_column(columns, target, len(columns), path)
-    t = None if t is None else columns[t]
-    x_cols = [c for c in columns if c != t]
+    t, x_cols, attrs = table_columns(columns, target, path, "parquet")
     for c in columns:
         if not _arrow_numeric(schema.field(c).type):
             raise IngestError(f"{path}: column {c!r} is {schema.field(c).type}, not numeric; "
@@ -85,9 +81,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
             raise IngestError(f"{part.name}: its columns differ from {parts[0].name}'s "
                               f"({_schema_text(part.schema)} vs {_schema_text(schema)})")
     dtype = np.dtype(dtype)
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(len(x_cols), dtype)
-    check_positive("chunk_rows", chunk_rows, integer=True)
+    chunk_rows = default_chunk_rows(len(x_cols), dtype, chunk_rows)
     n = sum(part.n_rows for part in parts)
     if n == 0:
         raise IngestError(f"{path}: no data rows; nothing to ingest")
@@ -95,9 +89,6 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     # A task writes whole chunks, ~64 MB of X, so row groups are read about once.
     per_task = chunk_rows * max(1, blocksize // (chunk_rows * len(x_cols) * dtype.itemsize))
     spans = [(a, min(n, a + per_task)) for a in range(0, n, per_task)]
-    attrs = {"source": path, "format": "parquet", "columns": x_cols}
-    if t is not None:
-        attrs["target"] = t
     with on_cluster(client, "ingest_parquet") as c, atomic_store(out, overwrite) as group:
         X = create_array(group, "X", (n, len(x_cols)), dtype, chunk_rows)
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)

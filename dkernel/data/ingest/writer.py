@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,6 @@ import numpy as np
 
 from dkernel.data.ingest.common import IngestError, PathLike, cast_finite, first_nonfinite
 from dkernel.data.store import atomic_store, create_array, default_chunk_rows
-from dkernel.data.validate import check_positive
 
 
 @dataclass
@@ -35,18 +35,19 @@ class Source:
     y_auto: bool = False
 
 
-def ingest_source(out: PathLike, src: Source, chunk_rows: int | None, dtype: Any,
-                  overwrite: bool) -> str:
-    """Write one source as the store ``out``; a failure leaves neither the store
-    nor the parent folders it created."""
-    created = missing_parents(os.fspath(out))
+def write_stores(sources: dict[PathLike, Source], chunk_rows: int | None, dtype: Any,
+                 overwrite: bool) -> None:
+    """Write each source as the store at its path: all of them or, on any failure,
+    none (nor the parent folders created for them)."""
+    created = _missing_parents(os.fspath(next(iter(sources))))
     try:
-        with atomic_store(out, overwrite) as group:
-            write_blocks(group, src, chunk_rows, dtype)
+        with ExitStack() as stack:  # renamed into place only once every store is written
+            for out, src in sources.items():
+                write_blocks(stack.enter_context(atomic_store(out, overwrite)), src, chunk_rows,
+                             dtype)
     except BaseException:
-        remove_empty(created)
+        _remove_empty(created)
         raise
-    return os.fspath(out)
 
 
 def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: Source) -> np.ndarray:
@@ -67,9 +68,7 @@ def write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) ->
     dtype = np.dtype(dtype)
     if src.n_inputs == 0:
         raise IngestError(f"{src.attrs.get('source')}: rows have no columns; nothing to ingest")
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(src.n_inputs, dtype)
-    check_positive("chunk_rows", chunk_rows, integer=True)
+    chunk_rows = default_chunk_rows(src.n_inputs, dtype, chunk_rows)
     X = create_array(group, "X", (chunk_rows, src.n_inputs), dtype, chunk_rows)
     # y_auto: labels go to a float64 side array first (exact for integers up
     # to 2**53) and are copied, chunk by chunk, into y once their type is known.
@@ -105,7 +104,7 @@ def write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) ->
     return n
 
 
-def missing_parents(path: str) -> list[str]:
+def _missing_parents(path: str) -> list[str]:
     """Ancestors of ``path`` that do not exist yet, deepest first (to clean up on failure)."""
     if "://" in path:
         return []
@@ -116,7 +115,7 @@ def missing_parents(path: str) -> list[str]:
     return missing
 
 
-def remove_empty(folders: list[str]) -> None:
+def _remove_empty(folders: list[str]) -> None:
     for d in folders:
         try:
             os.rmdir(d)
