@@ -74,19 +74,16 @@ def check_labels(model: Any, y: Any) -> None:
     classes = np.asarray(model.classes_)
     yv = y.reshape(-1)
     if classes.dtype.kind in "iufb" and yv.dtype.kind not in "iufb":
-        raise ValueError(
-            f"y holds {yv.dtype} values but {type(model).__name__} predicts numeric "
-            f"classes {classes.tolist()[:10]}; evaluate it on a store with its labels"
-        )
+        raise ValueError(f"y holds {yv.dtype} values but {type(model).__name__} predicts numeric "
+                         f"classes {classes.tolist()[:10]}; evaluate it on a store with its labels")
     outside = ~da.isin(yv, classes) if isinstance(yv, da.Array) else ~np.isin(yv, classes)
     count = int(da.compute(outside.sum())[0])
     if count:
         first = np.asarray(da.compute(yv[outside])[0]).tolist()[0]
-        raise ValueError(
-            f"y holds {count} value(s) that are not among {type(model).__name__}'s classes "
-            f"{classes.tolist()[:10]} (e.g. {first!r}); evaluate a classifier on a store "
-            "with its labels (a continuous target needs a regressor: fit --task regression)"
-        )
+        raise ValueError(f"y holds {count} value(s) that are not among {type(model).__name__}'s "
+                         f"classes {classes.tolist()[:10]} (e.g. {first!r}); evaluate a classifier "
+                         "on a store with its labels (a continuous target needs a regressor: fit "
+                         "--task regression)")
 
 
 def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
@@ -107,8 +104,7 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     from dkernel.estimators.base import r2_from_sums, r2_sums
 
     pred = model.predict(X)
-    yv = y.astype(np.float64)
-    yv = yv.reshape(pred.shape)
+    yv = y.astype(np.float64).reshape(pred.shape)
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.

@@ -10,4 +10,5 @@ from dkernel.data.plan import ChunkPlan
 from dkernel.data.store import write_store
 from dkernel.data.validate import check_finite_chunk
 
-__all__ = ["Dataset", "open_dataset", "as_dask_rows", "ChunkPlan", "check_finite_chunk", "write_store"]
+__all__ = ["Dataset", "open_dataset", "as_dask_rows", "ChunkPlan", "check_finite_chunk",
+           "write_store"]
