@@ -113,7 +113,9 @@ def store_params(fn: Callable) -> Callable:
     """``fn`` with the ``{store params}`` line of its docstring replaced by the
     parameters and the Returns section that every function writing one store
     shares; a docstring without that line is an error at import."""
-    lines = (fn.__doc__ or "").splitlines()
+    if fn.__doc__ is None:  # python -OO drops docstrings
+        return fn
+    lines = fn.__doc__.splitlines()
     at = [i for i, line in enumerate(lines) if line.strip() == "{store params}"]
     if len(at) != 1:
         raise AssertionError(f"{fn.__qualname__}'s docstring needs one '{{store params}}' line")
