@@ -7,10 +7,10 @@ compressed zarr arrays ``X`` and ``y``, so memory stays bounded by one chunk
 whatever the file size: ``.npy`` is memory-mapped, idx is read block by block
 (through gzip when compressed), CSV and libsvm are read line by line into a
 chunk buffer.  The parallel readers (Parquet, and CSV / libsvm with
-``--parallel``) run on the Dask workers of the ``client`` they are handed and
-write through :mod:`.parallel`.  Either way the output is written under a
-temporary name and moved into place when complete, so a failed ingest leaves
-nothing.
+``--parallel``) run on the Dask workers of the ``client`` they are handed
+(:mod:`.parallel`), each output chunk written by one worker.  Either way the
+output is written under a temporary name and moved into place when complete,
+so a failed ingest leaves nothing.
 
 Errors are one line naming the file (and line, for text): a non-numeric
 value, ragged rows, a bad idx magic number, a missing file, image / label

@@ -1,6 +1,6 @@
-"""What every reader shares: the error type, opening files (through gzip when
-compressed), numbered text lines, the target column, the refusal of NaN and
-infinity, and the parameters every ingest function documents alike."""
+"""What the readers share: the error type, opening files (through gzip when
+compressed), the target column, the refusal of NaN and infinity, and the
+parameters every ingest function documents alike."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ this process (:func:`ingest_csv`), or as byte ranges on the Dask workers
 
 In parallel, byte ranges of the file are parsed by pandas' pyarrow engine
 (``dask.dataframe.read_csv``), rechunked to ``chunk_rows`` rows, and each zarr
-chunk is written by the worker that assembled it (:mod:`.parallel`); the
-client only plans.  Integer target columns stay integers; feature columns
-are converted to ``dtype`` (float32 by default).
+chunk is written by the worker that assembled it
+(:func:`dkernel.data.store.write_arrays`); the client only plans.  Integer
+target columns stay integers; feature columns are converted to ``dtype``
+(float32 by default).
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ Dask workers.
 
 The client reads the footers (row-group sizes, schema) and plans tasks of
 whole zarr chunks, ~64 MB each; a task reads the row groups holding its rows
-with pyarrow and writes its chunks (no pandas, no shuffle), into the store
-that :mod:`.parallel` moves into place when every chunk is in.  Integer (and
-boolean) target columns stay integers; feature columns are converted to
-``dtype`` (float32 by default).
+with pyarrow and writes its chunks (no pandas, no shuffle) into a temporary
+store that is moved into place when every chunk is in
+(:func:`dkernel.data.store.run_writes` stops every task on a failure first).
+Integer (and boolean) target columns stay integers; feature columns are
+converted to ``dtype`` (float32 by default).
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ from typing import Any
 import numpy as np
 
 from dkernel._extras import require
-from dkernel.data.ingest.common import (
-    IngestError,
-    cast_finite,
-    first_line,
-)
+from dkernel.data.ingest.common import IngestError, cast_finite, first_line
 from dkernel.data.ingest.parallel import on_cluster, refuse_missing, table_columns
 from dkernel.data.store import atomic_store, check_out, create_array, default_chunk_rows, run_writes
 

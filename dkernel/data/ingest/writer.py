@@ -43,7 +43,7 @@ def write_stores(sources: dict[PathLike, Source], chunk_rows: int | None, dtype:
     try:
         with ExitStack() as stack:  # renamed into place only once every store is written
             for out, src in sources.items():
-                write_blocks(stack.enter_context(atomic_store(out, overwrite)), src, chunk_rows,
+                _write_blocks(stack.enter_context(atomic_store(out, overwrite)), src, chunk_rows,
                              dtype)
     except BaseException:
         _remove_empty(created)
@@ -63,7 +63,7 @@ def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: Source) -
     return cast_finite(block, dtype, refuse)
 
 
-def write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) -> int:
+def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) -> int:
     """Append the source's blocks to growing X / y arrays; returns the row count."""
     dtype = np.dtype(dtype)
     if src.n_inputs == 0:
