@@ -10,7 +10,7 @@ floats barely compress, so the file is about ``--gb`` GB), then times
   * pyarrow: ``pyarrow.parquet.read_table`` (decode to Arrow, one process,
     pyarrow's own thread pool), and the same plus the copy into one float32
     NumPy matrix -- what any ingest must at least do;
-  * dkernel: :func:`dkernel.data.tabular.ingest_parquet` into a local zarr
+  * dkernel: :func:`dkernel.data.ingest.ingest_parquet` into a local zarr
     store on a LocalCluster of ``--workers`` single-threaded processes
     (started before the clock), including the compressed zarr writes.
 Throughput is the Parquet file's size divided by the seconds.
@@ -64,7 +64,7 @@ def libsvm_leg(args, client) -> None:
     the whole file in one process (the same parser, without ranges or writes)."""
     from sklearn.datasets import load_svmlight_file
 
-    from dkernel.data.svmlight import ingest_libsvm_parallel
+    from dkernel.data.ingest import ingest_libsvm_parallel
 
     src = os.path.join(args.folder, "table.libsvm")
     out = os.path.join(args.folder, "libsvm.zarr")
@@ -97,7 +97,7 @@ def main() -> None:
     import pyarrow.parquet as pq
     from distributed import Client, LocalCluster
 
-    from dkernel.data.tabular import ingest_parquet
+    from dkernel.data.ingest import ingest_parquet
 
     os.makedirs(args.folder, exist_ok=True)
     src = os.path.join(args.folder, "table.parquet")

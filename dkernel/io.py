@@ -1,227 +1,47 @@
-"""Model and checkpoint files: one ``.npz`` of arrays plus JSON metadata, never pickle.
+"""Model files at the top of the package: :func:`save_model` and :func:`load_model`.
 
-A file holds named NumPy arrays and a ``__meta__`` entry (UTF-8 JSON stored
-as a uint8 array) with the estimator class, its hyper-parameters, the seeds
-and versions.  Files are written to a temporary name in the same folder and
-renamed into place (on object stores: a temporary key, verified, then copied
-onto the final key), so a reader never sees a half-written file and a failed
-fit leaves nothing behind.  Paths may be fsspec URLs (``s3://bucket/m.npz``).
+A model file is a dkernel ``.npz`` (:mod:`dkernel.files`: arrays plus JSON
+metadata, never pickle, written atomically, local paths or fsspec URLs) that
+names the estimator class, its hyper-parameters, its learned state and the
+versions that wrote it.  Loading finds the class by that name in the registry
+the estimator classes fill as :mod:`dkernel.estimators` defines them
+(:mod:`dkernel.estimators.model_file`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import tempfile
-import uuid
 from typing import Any
 
 import numpy as np
 
-FORMAT = "dkernel-npz"
-FORMAT_VERSION = 1
+import dkernel.estimators  # noqa: F401  (defining the classes registers their names)
+from dkernel.estimators.model_file import estimator_class, write_model
 
+# the file primitives, importable from here as before they moved to dkernel.files
+from dkernel.files import file_exists, is_url, read_npz, remove_file, write_npz_atomic
 
-def _versions() -> dict[str, str]:
-    import dask
-    import distributed
-
-    from dkernel import __version__
-
-    return {"dkernel": __version__, "numpy": np.__version__, "dask": dask.__version__,
-            "distributed": distributed.__version__}
-
-
-def is_url(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names an object in an fsspec file system (``s3://``,
-    ``gs://``, ``memory://``, ...) rather than a local file."""
-    path = os.fspath(path)
-    return "://" in path and not path.startswith("file://")
-
-
-def _url_fs(path: str) -> tuple[Any, str]:
-    """The fsspec file system and in-file-system path of a URL.  Credentials
-    and endpoints come from the environment (``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...), never from dkernel."""
-    import fsspec
-
-    return fsspec.core.url_to_fs(path)
-
-
-def file_exists(path: str | os.PathLike) -> bool:
-    """Whether a model / checkpoint file exists at a local path or URL."""
-    path = os.fspath(path)
-    if is_url(path):
-        fs, key = _url_fs(path)
-        fs.invalidate_cache()  # another process may have written or removed it
-        return bool(fs.isfile(key))
-    return os.path.isfile(path.removeprefix("file://"))
-
-
-def remove_file(path: str | os.PathLike) -> None:
-    """Remove a model / checkpoint file (local path or URL) if it exists."""
-    path = os.fspath(path)
-    if is_url(path):
-        fs, key = _url_fs(path)
-        if file_exists(path):
-            fs.rm_file(key)
-    elif os.path.exists(path.removeprefix("file://")):
-        os.unlink(path.removeprefix("file://"))
-
-
-def _npz_bytes(arrays: dict[str, np.ndarray], meta: dict) -> bytes:
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(), **meta}
-    blob = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
-    for key in arrays:
-        if key == "__meta__":
-            raise ValueError("'__meta__' is reserved")
-    buf = io.BytesIO()
-    np.savez(buf, __meta__=blob, **{k: np.asarray(v) for k, v in arrays.items()})
-    return buf.getvalue()
-
-
-def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Write arrays + JSON meta to ``path`` atomically; a reader sees the old
-    file or the new one, never a half-written one.
-
-    Local paths: a temporary file in the same folder, fsync, rename.
-
-    URLs (``s3://...``): the bytes are uploaded to a temporary key beside
-    ``path``, read back and compared, and only then copied onto ``path`` by
-    the store (S3 CopyObject) and the temporary key removed.  An S3 object
-    becomes visible only once its upload completes, so ``path`` always holds
-    a complete, verified file: the previous checkpoint until the new one is
-    known good, then the new one.  (A bucket has no rename; the copy is the
-    commit.)
-    """
-    path = os.fspath(path)
-    data = _npz_bytes(arrays, meta)
-    if is_url(path):
-        fs, key = _url_fs(path)
-        parent, _, name = key.rstrip("/").rpartition("/")
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex[:12]}-{name}"
-        try:
-            fs.pipe_file(tmp, data)
-            if fs.cat_file(tmp) != data:
-                raise OSError(f"the upload of {path!r} read back differently; not committed")
-            fs.copy(tmp, key)
-        finally:
-            try:
-                fs.rm_file(tmp)
-            except FileNotFoundError:
-                pass
-        return
-    path = path.removeprefix("file://")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
-    try:
-        # mkstemp's file is 0600; a model is a file like any other (readable by the
-        # pods and users the umask lets read it), so it gets open()'s mode -- or,
-        # replacing a file, that file's own (an operator's chmod 0640 is kept)
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (setting
-    and restoring it would briefly give files made by other threads mode 0666)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
-    """Arrays and metadata of a file written by :func:`write_npz_atomic`."""
-    path = os.fspath(path)
-    if not file_exists(path):
-        raise FileNotFoundError(f"no model or checkpoint file at {path!r}")
-    if is_url(path):
-        fs, key = _url_fs(path)
-        source: Any = io.BytesIO(fs.cat_file(key))
-        head = source.getvalue()[:4]
-    else:
-        source = path.removeprefix("file://")
-        with open(source, "rb") as f:
-            head = f.read(4)
-    if head != b"PK\x03\x04":
-        # np.load would try it as a pickle and advise allow_pickle=True, which
-        # dkernel never uses (DESIGN 1: never pickle)
-        raise ValueError(f"{path!r} is not a dkernel model or checkpoint: those are .npz "
-                         "archives written by 'dkernel fit --out' or save_model()")
-    try:
-        with np.load(source, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise ValueError(f"{path!r} is not a dkernel file ({exc})") from None
-    if "__meta__" not in arrays:
-        raise ValueError(f"{path!r} is not a dkernel file (no metadata)")
-    meta = json.loads(arrays.pop("__meta__").tobytes().decode())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path!r} is not a dkernel file (format {meta.get('format')!r})")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"{path!r} was written by a newer dkernel (format {meta['format_version']}); upgrade dkernel"
-        )
-    return arrays, meta
+__all__ = ["load_model", "save_model", "file_exists", "is_url", "read_npz", "remove_file",
+           "write_npz_atomic"]
 
 
 def save_model(estimator: Any, path: str | os.PathLike) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
-    arrays, meta = estimator._get_model_state()
-    params = estimator.get_params()
-    if not isinstance(params.get("random_state", 0), (int, np.integer)):
-        # None / RandomState / Generator: the file keeps the integer seed the fit used
-        params["random_state"] = getattr(estimator, "random_state_", None)
-    if hasattr(estimator, "feature_names_in_"):  # DataFrame columns seen by fit
-        meta = {**meta, "feature_names_in": [str(c) for c in estimator.feature_names_in_]}
-    write_npz_atomic(path, arrays, {"kind": "model", "estimator": type(estimator).__name__,
-                                    "params": _jsonable(params), **meta})
+    write_model(estimator, path)
 
 
 def load_model(path: str | os.PathLike) -> Any:
     """Load an estimator saved with :func:`save_model`."""
-    from dkernel import estimators
-
     arrays, meta = read_npz(path)
     if meta.get("kind") != "model":
         raise ValueError(f"{os.fspath(path)!r} is a {meta.get('kind')}, not a model")
-    cls = getattr(estimators, meta["estimator"], None)
+    cls = estimator_class(meta["estimator"])
     if cls is None:
-        raise ValueError(f"{os.fspath(path)!r} holds an unknown estimator {meta['estimator']!r}")
+        wrote = meta.get("versions", {}).get("dkernel", "another version")
+        raise ValueError(f"{os.fspath(path)!r} holds an estimator {meta['estimator']!r} that this "
+                         f"dkernel does not have; load it with the dkernel that wrote it ({wrote})")
     est = cls(**meta["params"])
     est._set_model_state(arrays, meta)
     if "feature_names_in" in meta:
         est.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     return est
-
-
-def _jsonable(params: dict) -> dict:
-    out = {}
-    for k, v in params.items():
-        if k == "client" or callable(v):
-            continue
-        if isinstance(v, np.generic):
-            v = v.item()
-        out[k] = v
-    return out

@@ -15,7 +15,6 @@ from dkernel.cli import main
 from dkernel.data import open_dataset
 from dkernel.data.ingest import (
     IngestError,
-    _csv_source,
     guess_format,
     ingest,
     ingest_csv,
@@ -24,6 +23,7 @@ from dkernel.data.ingest import (
     ingest_libsvm,
     ingest_npy,
 )
+from dkernel.data.ingest.csv import _csv_source
 
 _IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype("i2"): 0x0B,
               np.dtype("i4"): 0x0C, np.dtype("f4"): 0x0D, np.dtype("f8"): 0x0E}

@@ -235,3 +235,20 @@ def test_a_csv_refused_early_leaves_nothing_while_other_parts_were_still_being_w
         _idle(client)  # the refusal (and its traceback) still held, as a caller holds it
         assert refused.value is not None
         assert sorted(os.listdir(tmp_path)) == ["many.csv", "warm.zarr"]
+
+
+def test_a_parallel_reader_without_a_client_says_how_to_get_one(tmp_path):
+    """The data layer is handed its client and never connects: with none given and
+    none running (a fresh process), it refuses before any task, naming the fix."""
+    import subprocess
+    import sys
+
+    X, y = _table(20, 2, 0)
+    src = _write_parquet(tmp_path / "table", X, y, parts=1)
+    code = ("from dkernel.data.ingest import ingest_parquet\n"
+            f"ingest_parquet({src!r}, {str(tmp_path / 's.zarr')!r})")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0
+    assert "no Dask client is running: pass client=" in run.stderr, run.stderr
+    assert not os.path.exists(tmp_path / "s.zarr")

@@ -41,3 +41,19 @@ def test_legacy_model_loads_and_answers_the_same(client, path):
         else:
             np.testing.assert_allclose(out, expected[method], rtol=1e-4, atol=1e-5,
                                        err_msg=method)
+
+
+def test_model_files_find_classes_by_name_and_names_stay_unique():
+    """load_model finds a class by the name the file records (never its module), so
+    a second dkernel estimator class of an existing name is refused where it is
+    defined; classes defined outside dkernel do not register."""
+    from dkernel import DSGRegressor
+    from dkernel.estimators.base import BaseEstimator
+    from dkernel.estimators.model_file import estimator_class
+
+    assert estimator_class("DSGRegressor") is DSGRegressor
+    with pytest.raises(TypeError, match="two estimator classes are named 'DSGRegressor'"):
+        type("DSGRegressor", (BaseEstimator,), {"__module__": "dkernel.estimators.moved"})
+    assert estimator_class("DSGRegressor") is DSGRegressor
+    type("DSGRegressor", (DSGRegressor,), {"__module__": "user_code"})  # not a model-file class
+    assert estimator_class("DSGRegressor") is DSGRegressor

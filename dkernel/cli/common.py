@@ -172,3 +172,21 @@ def _show(v: Any) -> str:
     if isinstance(v, (dict, list)):
         return json.dumps(v, default=str)
     return str(v)
+
+
+def connect_cluster(args: argparse.Namespace) -> Any:
+    """:func:`dkernel.engine.connect` as the command's cluster flags say: a
+    context manager that yields the client."""
+    from dkernel.engine import connect
+
+    return connect(**cluster_options(args))
+
+
+def cluster_job(p: argparse.ArgumentParser, func: Any, *, overwrite: bool = True,
+                **defaults: Any) -> None:
+    """End a command that runs on a Dask cluster: its output flags (``--quiet``,
+    ``--json``, ``--overwrite`` unless it writes nothing), the cluster flags,
+    and ``func``, which runs it (``defaults``: more parsed values)."""
+    add_output_args(p, overwrite=overwrite)
+    add_cluster_args(p)
+    p.set_defaults(func=func, **defaults)

@@ -12,29 +12,20 @@ import json
 import os
 import time
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    check_output,
-    cluster_options,
-    emit,
-    status,
-)
+from dkernel.cli import common
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "demo", "run the main job end to end on a LocalCluster (synthetic data)",
-                    "Write synthetic train/test dataset stores, start a LocalCluster, fit a DSG "
-                    "classifier, evaluate and save it, and print the equivalent commands.")
+    p = common.add_command(
+        sub, "demo", "run the main job end to end on a LocalCluster (synthetic data)",
+        "Write synthetic train/test dataset stores, start a LocalCluster, fit a DSG "
+        "classifier, evaluate and save it, and print the equivalent commands.")
     p.add_argument("--out", default="dkernel-demo", help="folder for the stores and the model")
     p.add_argument("--rows", type=int, default=20000, help="training rows")
     p.add_argument("--features", type=int, default=2048, help="n_features, random features")
     p.add_argument("--epochs", type=int, default=5, help="n_epochs")
     p.add_argument("--seed", type=int, default=0, help="random_state")
-    add_output_args(p, overwrite=True)
-    add_cluster_args(p)
-    p.set_defaults(func=run)
+    common.cluster_job(p, run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,17 +33,16 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.cli.predict import metrics
     from dkernel.data import open_dataset
     from dkernel.datasets import make_store
-    from dkernel.engine import connect
 
     train, test = os.path.join(args.out, "train.zarr"), os.path.join(args.out, "test.zarr")
     model_path = os.path.join(args.out, "model.npz")
     for path in (train, test, model_path):
-        check_output(path, args.overwrite)
+        common.check_output(path, args.overwrite)
     os.makedirs(args.out, exist_ok=True)
     def say(message: str) -> None:  # progress: stderr, dropped by --quiet
-        status(args, message)
+        common.status(args, message)
 
-    with connect(**cluster_options(args)) as client:
+    with common.connect_cluster(args) as client:
         say(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
             f"{client.scheduler.address}")
         t0 = time.perf_counter()
@@ -73,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         data = open_dataset(test, require_y=True)
         result = metrics(model, data.X, data.y)
     if args.json:
-        emit(args, {"model": model_path, "train": train, "test": test,
-                    "seconds": time.perf_counter() - t0, **result})
+        common.emit(args, {"model": model_path, "train": train, "test": test,
+                           "seconds": time.perf_counter() - t0, **result})
         return 0
     # the result, on stdout (as emit prints it): the model and the commands that remake it
     print(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")

@@ -11,17 +11,12 @@ from dkernel.cli.common import add_command, add_output_args, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub,
-        "info",
-        "describe a dataset store, prediction store, model or checkpoint",
-        "Describe what dkernel wrote at PATH: a dataset store (rows, inputs, chunks, y), "
-        "a prediction / projection store (its arrays), a model file (estimator, "
-        "parameters, arrays, training history) or a checkpoint.",
-    )
-    p.add_argument(
-        "path", help="zarr store (local path or fsspec URL) or .npz model / checkpoint file"
-    )
+    p = add_command(sub, "info", "describe a dataset store, prediction store, model or checkpoint",
+                    "Describe what dkernel wrote at PATH: a dataset store (rows, inputs, chunks, "
+                    "y), a prediction / projection store (its arrays), a model file (estimator, "
+                    "parameters, arrays, training history) or a checkpoint.")
+    p.add_argument("path",
+                   help="zarr store (local path or fsspec URL) or .npz model / checkpoint file")
     add_output_args(p)
     p.set_defaults(func=run)
 
@@ -40,26 +35,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _short(entry: dict) -> str:
-    return ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()
-    )
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in entry.items())
 
 
 def _file_info(path: str) -> dict[str, Any]:
-    from dkernel.io import read_npz
+    from dkernel.files import read_npz
 
     arrays, meta = read_npz(path)
-    info = {
-        "kind": meta.get("kind"),
-        "path": path,
-        "estimator": meta.get("estimator"),
-        "params": meta.get("params"),
-        "versions": meta.get("versions"),
-        "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
-    }
-    info.update(
-        {k: v for k, v in meta.items() if k not in info and k not in ("format", "format_version")}
-    )
+    info = {"kind": meta.get("kind"), "path": path, "estimator": meta.get("estimator"),
+            "params": meta.get("params"), "versions": meta.get("versions"),
+            "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()}}
+    info.update({k: v for k, v in meta.items()
+                 if k not in info and k not in ("format", "format_version")})
     return {k: v for k, v in info.items() if v is not None}
 
 
@@ -75,43 +63,28 @@ def _store_info(path: str) -> dict[str, Any]:
 
     group = _open_zarr_group(path, None)
     names = sorted(group.array_keys())
-    arrays = {
-        k: {
-            "shape": list(group[k].shape),
-            "dtype": str(group[k].dtype),
-            "chunk_rows": int(group[k].chunks[0]) if group[k].ndim else None,
-        }
-        for k in names
-    }
+    arrays = {k: {"shape": list(group[k].shape), "dtype": str(group[k].dtype),
+                  "chunk_rows": int(group[k].chunks[0]) if group[k].ndim else None}
+              for k in names}
     attrs = dict(group.attrs)
     if "X" in names:
         from dkernel.data import open_dataset
 
         data = open_dataset(path)
         info: dict[str, Any] = {
-            "kind": "dataset",
-            "path": path,
-            "n_rows": data.n_rows,
-            "n_inputs": data.n_inputs,
-            "X_dtype": str(data.X.dtype),
-            "n_chunks": data.n_chunks,
+            "kind": "dataset", "path": path, "n_rows": data.n_rows, "n_inputs": data.n_inputs,
+            "X_dtype": str(data.X.dtype), "n_chunks": data.n_chunks,
             "chunk_rows": int(data.row_chunks[0]),
-            "y": None
-            if data.y is None
-            else {"shape": list(data.y.shape), "dtype": str(data.y.dtype)},
-        }
+            "y": None if data.y is None else {"shape": list(data.y.shape),
+                                              "dtype": str(data.y.dtype)}}
     elif names:
         kind = {"predict": "predictions", "transform": "projections"}.get(
             attrs.get("dkernel"),
             "predictions" if "y_pred" in names else "projections" if "Z" in names else "zarr store",
         )
         first = group[names[0]]
-        info = {
-            "kind": kind,
-            "path": path,
-            "n_rows": int(first.shape[0]) if first.ndim else None,
-            "arrays": arrays,
-        }
+        info = {"kind": kind, "path": path,
+                "n_rows": int(first.shape[0]) if first.ndim else None, "arrays": arrays}
     else:
         raise ValueError(f"{path!r} is an empty zarr group: no arrays to describe")
     if attrs:

@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    check_output,
-    cluster_options,
-    emit,
-    given_cluster_flags,
-    status,
-)
-from dkernel.data.ingest import FASHION_MNIST_DIR, FORMATS
+from dkernel.cli import common
+from dkernel.data import ingest as ing
 
 # Options that only make sense for some formats: given for another, they are an error
 # rather than silently ignored.
@@ -30,22 +22,22 @@ _DELIMITERS = {"tab": "\t", "\\t": "\t", "space": None, "whitespace": None, "com
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
+    p = common.add_command(
         sub, "ingest", "convert idx / npy / CSV / libsvm / Parquet files into a dataset store",
-        "Convert a file into a row-chunked, compressed zarr dataset store holding "
-                    "X (and y), streaming one chunk at a time. 'dkernel ingest fashion-mnist "
-                    "--out DIR' writes DIR/train.zarr and DIR/test.zarr.")
+        "Convert a file into a row-chunked, compressed zarr dataset store holding X (and y), "
+        "streaming one chunk at a time. 'dkernel ingest fashion-mnist --out DIR' writes "
+        "DIR/train.zarr and DIR/test.zarr.")
     p.add_argument("input", metavar="FILE|fashion-mnist",
                    help="input file, or 'fashion-mnist' for the packaged Fashion-MNIST idx files")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="output store (a folder for fashion-mnist)")
-    p.add_argument("--format", choices=(*FORMATS, "svmlight"),
+    p.add_argument("--format", choices=(*ing.FORMATS, "svmlight"),
                    help="input format (default: guessed from the file name)")
     p.add_argument("--chunk-rows", type=int, metavar="N",
                    help="rows per chunk (default: at most 8192 rows and ~32 MB)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of X")
-    p.add_argument("--source", metavar="DIR",
-                   help=f"fashion-mnist: folder with the idx files (default {FASHION_MNIST_DIR})")
+    p.add_argument("--source", metavar="DIR", help="fashion-mnist: folder with the idx files "
+                   f"(default {ing.FASHION_MNIST_DIR})")
     p.add_argument("--labels", metavar="FILE", help="idx / npy: labels file paired with FILE (y)")
     p.add_argument("--no-scale", action="store_true",
                    help="idx: keep byte values instead of scaling them to [0, 1]")
@@ -69,14 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="csv, libsvm: parse byte ranges of the file on the Dask workers "
                         "(the default for uncompressed files over 64 MB; parquet is always "
                         "read on the workers)")
-    add_output_args(p, overwrite=True)
-    add_cluster_args(p)
-    p.set_defaults(func=run)
+    common.cluster_job(p, run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dkernel.data import ingest as ing
-
     start = time.perf_counter()
     if args.input == "fashion-mnist" and not os.path.exists(args.input):
         _check_options(args, "fashion-mnist")
@@ -88,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--dtype {args.dtype}: fashion-mnist is written as float32 "
                              "(pixels / 255); drop --dtype")
         for name in ("train.zarr", "test.zarr"):
-            check_output(os.path.join(args.out, name), args.overwrite)
+            common.check_output(os.path.join(args.out, name), args.overwrite)
         out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,
                                        overwrite=args.overwrite)
         outputs = [os.path.join(out, "train.zarr"), os.path.join(out, "test.zarr")]
@@ -98,55 +86,42 @@ def run(args: argparse.Namespace) -> int:
         fmt = args.format or ing.guess_format(args.input)
         fmt = "libsvm" if fmt == "svmlight" else fmt
         _check_options(args, fmt)
-        check_output(args.out, args.overwrite)
-        common = {"dtype": args.dtype, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
-        parallel = args.parallel or (fmt in ("csv", "libsvm") and _large(args.input))
-        if fmt in ("idx", "npy") or (fmt in ("csv", "libsvm") and not parallel):
+        common.check_output(args.out, args.overwrite)
+        parallel = (fmt == "parquet" or args.parallel
+                    or (fmt in ("csv", "libsvm") and _large(args.input)))
+        if not parallel:
             _refuse_cluster_flags(args, f"this {fmt} input")
-        if fmt == "idx":
-            ing.ingest_idx(args.input, args.out, args.labels, scale=not args.no_scale, **common)
-        elif fmt == "npy":
-            ing.ingest_npy(args.input, args.out, args.labels, **common)
-        elif fmt in ("csv", "parquet"):
-            from dkernel.data import tabular
-            from dkernel.engine import connect
-
-            target = None if args.no_target else (-1 if args.target is None else args.target)
-            if fmt == "csv" and not parallel:
-                ing.ingest_csv(args.input, args.out, target=target, header=args.header,
-                               delimiter=_delimiter(args.delimiter), **common)
-            else:  # read and written on the Dask workers
-                with connect(**cluster_options(args)) as client:
-                    if fmt == "parquet":
-                        tabular.ingest_parquet(args.input, args.out, target=target,
-                                               client=client, **common)
-                    else:
-                        tabular.ingest_csv_parallel(args.input, args.out, target=target,
-                                                    header=args.header,
-                                                    delimiter=_delimiter(args.delimiter),
-                                                    client=client, **common)
-        elif parallel:  # libsvm, read and written on the Dask workers
-            from dkernel.data.svmlight import ingest_libsvm_parallel
-            from dkernel.engine import connect
-
-            with connect(**cluster_options(args)) as client:
-                ingest_libsvm_parallel(args.input, args.out, n_features=args.n_inputs,
-                                       zero_based=args.zero_based, client=client, **common)
+        read, options = _reader(args, fmt, parallel)
+        options.update(dtype=args.dtype, chunk_rows=args.chunk_rows, overwrite=args.overwrite)
+        if parallel:  # read and written on the Dask workers
+            with common.connect_cluster(args) as client:
+                read(args.input, args.out, client=client, **options)
         else:
-            ing.ingest_libsvm(args.input, args.out, n_features=args.n_inputs,
-                              zero_based=args.zero_based, **common)
+            read(args.input, args.out, **options)
         outputs = [args.out]
     seconds = time.perf_counter() - start
-    emit(args, {"outputs": [_shapes(p) for p in outputs], "seconds": seconds},
-         [f"wrote {path}: {_describe(path)}" for path in outputs])
-    status(args, f"ingest took {seconds:.1f} s")
+    common.emit(args, {"outputs": [_shapes(p) for p in outputs], "seconds": seconds},
+                [f"wrote {path}: {_describe(path)}" for path in outputs])
+    common.status(args, f"ingest took {seconds:.1f} s")
     return 0
+
+
+def _reader(args: argparse.Namespace, fmt: str, parallel: bool) -> tuple[Any, dict]:
+    """The ingest function for ``fmt`` and the options its flags give."""
+    target = None if args.no_target else (-1 if args.target is None else args.target)
+    csv = {"target": target, "header": args.header, "delimiter": _delimiter(args.delimiter)}
+    libsvm = {"n_features": args.n_inputs, "zero_based": args.zero_based}
+    return {"idx": (ing.ingest_idx, {"labels": args.labels, "scale": not args.no_scale}),
+            "npy": (ing.ingest_npy, {"labels": args.labels}),
+            "csv": (ing.ingest_csv_parallel if parallel else ing.ingest_csv, csv),
+            "libsvm": (ing.ingest_libsvm_parallel if parallel else ing.ingest_libsvm, libsvm),
+            "parquet": (ing.ingest_parquet, {"target": target})}[fmt]
 
 
 def _refuse_cluster_flags(args: argparse.Namespace, what: str) -> None:
     """The cluster flags where ingest reads and writes in this process: refused,
     not silently ignored."""
-    given = given_cluster_flags(args)
+    given = common.given_cluster_flags(args)
     if given:
         raise ValueError(
             f"{', '.join(given)}: {what} is read and written in this process, not on Dask "
@@ -167,9 +142,8 @@ def _check_options(args: argparse.Namespace, fmt: str) -> None:
 def _large(path: str) -> bool:
     """Worth parsing on the workers: an uncompressed file over 64 MB (a gzip
     stream cannot be entered at an offset, so it is read in one piece anyway)."""
-    from dkernel.data.ingest import is_gzip
-
-    return os.path.isfile(path) and not is_gzip(path) and os.path.getsize(path) > _PARALLEL_BYTES
+    return (os.path.isfile(path) and not ing.is_gzip(path)
+            and os.path.getsize(path) > _PARALLEL_BYTES)
 
 
 #: Files above this size are parsed on the workers (one byte range per task).

@@ -5,21 +5,15 @@ chunk), for out-of-core and throughput runs."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    check_output,
-    cluster_options,
-)
+from dkernel.cli import common
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "make-store", "write a synthetic store of any size on the workers",
-                    " ".join(__doc__.split()))
+    p = common.add_command(sub, "make-store",
+                           "write a synthetic store of any size on the workers",
+                           " ".join(__doc__.split()))
     p.add_argument("out", help="store to create (path or URL)")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--rows", type=int, help="number of rows")
@@ -29,19 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Dai et al.'s ridge target, or non-linear 3-class labels")
     p.add_argument("--chunk-rows", type=int, default=65536, help="rows per chunk")
     p.add_argument("--seed", type=int, default=0, help="random_state")
-    add_output_args(p, overwrite=True)
-    add_cluster_args(p)
-    p.set_defaults(func=run)
+    common.cluster_job(p, run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dkernel.datasets import make_store
-    from dkernel.engine import connect
 
     rows = args.rows if args.rows is not None else int(args.gb * 1e9 // (4 * args.inputs))
-    check_output(args.out, args.overwrite, flag="OUT")
+    common.check_output(args.out, args.overwrite, flag="OUT")
     t0 = time.perf_counter()
-    with connect(**cluster_options(args)) as client:
+    with common.connect_cluster(args) as client:
         make_store(args.out, rows, args.inputs, chunk_rows=args.chunk_rows, kind=args.task,
                    random_state=args.seed, overwrite=args.overwrite, client=client,
                    progress=not args.quiet)
@@ -49,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     nbytes = rows * args.inputs * 4
     result = {"store": args.out, "rows": rows, "inputs": args.inputs, "x_bytes": nbytes,
               "seconds": round(seconds, 2), "mb_per_s": round(nbytes / 1e6 / seconds, 1)}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"wrote {args.out}: {rows:,} rows x {args.inputs} inputs ({nbytes / 1e9:.2f} GB of X) "
-              f"in {seconds:.1f} s, {result['mb_per_s']} MB/s")
+    common.emit(args, result, [f"wrote {args.out}: {rows:,} rows x {args.inputs} inputs "
+                               f"({nbytes / 1e9:.2f} GB of X) in {seconds:.1f} s, "
+                               f"{result['mb_per_s']} MB/s"])
     return 0

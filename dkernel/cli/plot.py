@@ -8,23 +8,15 @@ from dkernel.cli.common import add_command, add_output_args, check_output, statu
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub,
-        "plot",
-        "draw a model's learning curve and spectrum to an image",
-        "Draw the per-epoch training history of a model file (loss or objective, "
-        "validation score with early stopping) and, where the model has one, its "
-        "spectrum (EigenPro's preconditioner eigenvalues with q marked, explained "
-        "variance, canonical correlations). Needs matplotlib: "
-        "pip install 'dkernel[plot]'.",
-    )
+    p = add_command(sub, "plot", "draw a model's learning curve and spectrum to an image",
+                    "Draw the per-epoch training history of a model file (loss or objective, "
+                    "validation score with early stopping) and, where the model has one, its "
+                    "spectrum (EigenPro's preconditioner eigenvalues with q marked, explained "
+                    "variance, canonical correlations). Needs matplotlib: "
+                    "pip install 'dkernel[plot]'.")
     p.add_argument("model", help="model file written by 'dkernel fit' (.npz)")
-    p.add_argument(
-        "--out",
-        required=True,
-        metavar="IMAGE",
-        help="image file to write; the extension picks the format (.png, .svg, .pdf)",
-    )
+    p.add_argument("--out", required=True, metavar="IMAGE",
+                   help="image file to write; the extension picks the format (.png, .svg, .pdf)")
     p.add_argument("--dpi", type=int, default=100, help="resolution of raster images")
     add_output_args(p, json_output=False, overwrite=True)
     p.set_defaults(func=run)

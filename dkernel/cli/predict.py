@@ -7,114 +7,62 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    check_output,
-    cluster_options,
-    emit,
-    status,
-)
+from dkernel.cli import common
 
 _MODEL_HELP = "model file written by 'dkernel fit' (.npz)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     for name, summary, array in (
-        (
-            "predict",
-            "write the predictions of a model on a dataset store to a zarr store",
-            "y_pred",
-        ),
-        (
-            "transform",
-            "write a component model's projections of a dataset store to a zarr store",
-            "Z, and Z_y for two-view models",
-        ),
-    ):
-        p = add_command(
-            sub,
-            name,
-            summary,
-            f"{summary[0].upper()}{summary[1:]} (array {array}, chunked like the input "
-            "rows; written atomically).",
-        )
+            ("predict", "write the predictions of a model on a dataset store to a zarr store",
+             "y_pred"),
+            ("transform", "write a component model's projections of a dataset store to a zarr "
+             "store", "Z, and Z_y for two-view models")):
+        p = common.add_command(sub, name, summary, f"{summary[0].upper()}{summary[1:]} (array "
+                               f"{array}, chunked like the input rows; written atomically).")
         p.add_argument("model", help=_MODEL_HELP)
         p.add_argument("store", help="dataset store with X (two-view models: y is the second view)")
         p.add_argument("--out", required=True, help="output zarr store")
-        add_output_args(p, overwrite=True)
-        add_cluster_args(p)
-        p.set_defaults(func=run_apply, method=name)
-    p = add_command(
-        sub,
-        "evaluate",
-        "print the metrics of a model on a labelled dataset store",
-        "Print the metrics of a model on a dataset store: accuracy (classifiers), "
-        "mse and r2 (regressors), the canonical correlations (two-view models: y is "
-        "the second view) or the explained variance (KernelPCA, StreamingKernelPCA).",
-    )
+        common.cluster_job(p, run_apply, method=name)
+    p = common.add_command(
+        sub, "evaluate", "print the metrics of a model on a labelled dataset store",
+        "Print the metrics of a model on a dataset store: accuracy (classifiers), mse and r2 "
+        "(regressors), the canonical correlations (two-view models: y is the second view) or "
+        "the explained variance (KernelPCA, StreamingKernelPCA).")
     p.add_argument("model", help=_MODEL_HELP)
     p.add_argument("store", help="dataset store with X and y")
-    add_output_args(p)
-    add_cluster_args(p)
-    p.set_defaults(func=run_evaluate)
+    common.cluster_job(p, run_evaluate, overwrite=False)
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    import dask.array as da
-
     from dkernel.data import open_dataset
-    from dkernel.data.store import atomic_store, create_array, run_writes
-    from dkernel.engine import connect
+    from dkernel.data.store import write_arrays
     from dkernel.io import load_model
 
-    check_output(args.out, args.overwrite)
+    common.check_output(args.out, args.overwrite)
     model = load_model(args.model)
     if not hasattr(model, args.method):
-        raise ValueError(
-            f"{type(model).__name__} has no {args.method}; use "
-            f"'dkernel {'transform' if args.method == 'predict' else 'predict'}'"
-        )
+        other = "transform" if args.method == "predict" else "predict"
+        raise ValueError(f"{type(model).__name__} has no {args.method}; use 'dkernel {other}'")
     data = open_dataset(args.store)
-    with connect(**cluster_options(args)) as client:
+    with common.connect_cluster(args) as client:
         if args.method == "transform" and hasattr(model, "y_components_") and data.y is not None:
             # two-view models (KernelCCA / KernelSVD): the store's y is the second view
             outs = dict(zip(("Z", "Z_y"), model.transform(data.X, data.y)))
         else:
             out = getattr(model, args.method)(data.X)
             if isinstance(out, tuple):
-                raise ValueError(
-                    f"{type(model).__name__}.{args.method} needs both views; use the Python API"
-                )
+                raise ValueError(f"{type(model).__name__}.{args.method} needs both views; use "
+                                 "the Python API")
             outs = {"y_pred" if args.method == "predict" else "Z": out}
-        with atomic_store(args.out, overwrite=args.overwrite) as group:
-            sources, targets = [], []
-            for name, out in outs.items():
-                arr = create_array(
-                    group,
-                    name,
-                    tuple(int(s) for s in out.shape),
-                    out.dtype,
-                    int(data.X.chunks[0][0]),
-                )
-                sources.append(out.rechunk(arr.chunks))
-                targets.append(arr)
-            run_writes(client, da.store(sources, targets, lock=False, compute=False))
-            group.attrs.update(
-                {
-                    "dkernel": args.method,
-                    "model": str(args.model),
-                    "estimator": type(model).__name__,
-                }
-            )
+        write_arrays(client, args.out, outs, int(data.X.chunks[0][0]), overwrite=args.overwrite,
+                     attrs={"dkernel": args.method, "model": str(args.model),
+                            "estimator": type(model).__name__})
     for name, out in outs.items():
-        status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
+        common.status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
     if args.json:
-        emit(
-            args,
-            {"out": args.out, "arrays": {k: [int(s) for s in v.shape] for k, v in outs.items()}},
-        )
+        common.emit(args, {"out": args.out,
+                           "arrays": {k: [int(s) for s in v.shape] for k, v in outs.items()}})
     return 0
 
 
@@ -126,19 +74,16 @@ def check_labels(model: Any, y: Any) -> None:
     classes = np.asarray(model.classes_)
     yv = y.reshape(-1)
     if classes.dtype.kind in "iufb" and yv.dtype.kind not in "iufb":
-        raise ValueError(
-            f"y holds {yv.dtype} values but {type(model).__name__} predicts numeric "
-            f"classes {classes.tolist()[:10]}; evaluate it on a store with its labels"
-        )
+        raise ValueError(f"y holds {yv.dtype} values but {type(model).__name__} predicts numeric "
+                         f"classes {classes.tolist()[:10]}; evaluate it on a store with its labels")
     outside = ~da.isin(yv, classes) if isinstance(yv, da.Array) else ~np.isin(yv, classes)
     count = int(da.compute(outside.sum())[0])
     if count:
         first = np.asarray(da.compute(yv[outside])[0]).tolist()[0]
-        raise ValueError(
-            f"y holds {count} value(s) that are not among {type(model).__name__}'s classes "
-            f"{classes.tolist()[:10]} (e.g. {first!r}); evaluate a classifier on a store "
-            "with its labels (a continuous target needs a regressor: fit --task regression)"
-        )
+        raise ValueError(f"y holds {count} value(s) that are not among {type(model).__name__}'s "
+                         f"classes {classes.tolist()[:10]} (e.g. {first!r}); evaluate a classifier "
+                         "on a store with its labels (a continuous target needs a regressor: fit "
+                         "--task regression)")
 
 
 def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
@@ -159,8 +104,7 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     from dkernel.estimators.base import r2_from_sums, r2_sums
 
     pred = model.predict(X)
-    yv = y.astype(np.float64)
-    yv = yv.reshape(pred.shape)
+    yv = y.astype(np.float64).reshape(pred.shape)
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.
@@ -171,12 +115,11 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
-    from dkernel.engine import connect
     from dkernel.io import load_model
 
     model = load_model(args.model)
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
-    with connect(**cluster_options(args)):
+    with common.connect_cluster(args):
         result = metrics(model, data.X, data.y)
-    emit(args, result)
+    common.emit(args, result)
     return 0

@@ -67,10 +67,8 @@ def _open_zarr_group(url: str, storage_options: dict | None):
     import zarr
 
     if "://" not in url and not os.path.exists(url):
-        raise FileNotFoundError(
-            f"no dataset store at {url!r}: the path does not exist; create one with "
-            "'dkernel ingest' or check the path"
-        )
+        raise FileNotFoundError(f"no dataset store at {url!r}: the path does not exist; create "
+                                "one with 'dkernel ingest' or check the path")
     if "://" not in url:
         # Workers read the chunks themselves, from their own working directory.
         url = os.path.abspath(url)
@@ -79,8 +77,7 @@ def _open_zarr_group(url: str, storage_options: dict | None):
     except Exception as exc:  # zarr raises several types for "not a group here"
         raise FileNotFoundError(
             f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
-            "a store is a zarr group holding arrays 'X' and optionally 'y'"
-        ) from None
+            "a store is a zarr group holding arrays 'X' and optionally 'y'") from None
 
 
 def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -> da.Array:
@@ -153,8 +150,7 @@ def _check_store_visible(block: Any, root: str) -> Any:
         raise FileNotFoundError(
             f"the dataset store {root!r} is not visible on worker host {socket.gethostname()!r}; "
             "every worker must reach the data under the same path (a shared file system) "
-            "or use a URL such as s3://"
-        )
+            "or use a URL such as s3://")
     return block
 
 
@@ -174,7 +170,8 @@ def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
     if isinstance(a, (list, tuple)):
         a = np.asarray(a)
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise TypeError(f"{name} must be a NumPy/dask/zarr array or a store path, got {type(a).__name__}")
+        raise TypeError(f"{name} must be a NumPy/dask/zarr array or a store path, got "
+                        f"{type(a).__name__}")
     if chunk_rows is None:
         row_bytes = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize)
         chunk_rows = max(1, min(max(1, a.shape[0]), _CHUNK_BYTES // row_bytes))
@@ -185,14 +182,8 @@ def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
     return da.from_array(a, chunks=chunks)
 
 
-def open_dataset(
-    X: Any,
-    y: Any = None,
-    *,
-    require_y: bool = False,
-    chunk_rows: int | None = None,
-    storage_options: dict | None = None,
-) -> Dataset:
+def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: int | None = None,
+                 storage_options: dict | None = None) -> Dataset:
     """Open and validate a dataset; nothing is computed except for in-memory input.
 
     Parameters
@@ -240,7 +231,8 @@ def open_dataset(
         raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}{hint}")
     check_numeric_dtype(np.dtype(X.dtype), "X")
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(f"X is empty (shape {X.shape}); a dataset needs at least one row and column")
+        raise ValueError(f"X is empty (shape {X.shape}); a dataset needs at least one row and "
+                         "column")
     if in_memory:
         check_finite_chunk(np.asarray(X), "X", 0)
     Xd = as_dask_rows(X, "X", chunk_rows)
@@ -253,20 +245,19 @@ def open_dataset(
             raise ValueError(f"y must be 1-D or 2-D, got shape {y.shape}")
         check_numeric_dtype(np.dtype(y.dtype), "y")
         if y.shape[0] != X.shape[0]:
-            raise ValueError(
-                f"y has {y.shape[0]} rows but X has {X.shape[0]}; they must describe the same samples"
-            )
+            raise ValueError(f"y has {y.shape[0]} rows but X has {X.shape[0]}; they must describe "
+                             "the same samples")
         if y_in_memory:
             check_finite_chunk(np.asarray(y), "y", 0)
-            yd = da.from_array(np.asarray(y), chunks=(Xd.chunks[0],) + tuple(-1 for _ in y.shape[1:]))
+            yd = da.from_array(np.asarray(y),
+                               chunks=(Xd.chunks[0],) + tuple(-1 for _ in y.shape[1:]))
         else:
             yd = as_dask_rows(y, "y")
             if tuple(yd.chunks[0]) != tuple(Xd.chunks[0]):
                 raise ValueError(
                     f"X and y have different row chunks ({_short(Xd.chunks[0])} vs "
                     f"{_short(yd.chunks[0])}); rechunk y with y.rechunk({{0: X.chunks[0]}}) "
-                    "or re-ingest both from one source"
-                )
+                    "or re-ingest both from one source")
     elif require_y:
         raise ValueError(f"no targets: pass y, or use a store with an array 'y' ({source})")
     host = None

@@ -36,15 +36,20 @@ _ORDER, _ROWS = 0x0D3, 0x120
 
 @dataclass(frozen=True)
 class ChunkPlan:
+    """The steps of a fit over chunks of ``row_chunks`` rows: ``batch_size`` rows
+    a step, spread over ``lanes`` chunks, in an order drawn from ``random_state``
+    (``shuffle=False``: chunks and rows in storage order)."""
+
+    #: Changes whenever a plan's rows per step change; part of a checkpoint's
+    #: fingerprint, so a checkpoint of an older plan is refused, not replayed
+    #: on different rows.
+    VERSION = 2
+
     row_chunks: tuple[int, ...]
     batch_size: int
     lanes: int
     random_state: int
     shuffle: bool = True
-
-    @property
-    def per_lane(self) -> int:
-        return max(1, math.ceil(self.batch_size / self.lanes))
 
     def chunk_order(self, epoch: int) -> np.ndarray:
         n = len(self.row_chunks)
@@ -60,10 +65,9 @@ class ChunkPlan:
         return [tuple(cl[i] for cl in classes if i < len(cl))
                 for i in range(max(len(cl) for cl in classes))]
 
-    #: Changes whenever a plan's rows per step change; part of a checkpoint's
-    #: fingerprint, so a checkpoint of an older plan is refused, not replayed
-    #: on different rows.
-    VERSION = 2
+    @property
+    def per_lane(self) -> int:
+        return max(1, math.ceil(self.batch_size / self.lanes))
 
     def n_slices(self, chunk: int) -> int:
         """Slices of ``per_lane`` rows, a remainder under half a slice merged."""

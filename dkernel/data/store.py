@@ -1,7 +1,8 @@
 """Writing dataset stores: a zarr group with row-chunked, compressed X (and y),
 created under a temporary name and renamed into place when complete.  Tasks
 that write such a store on the workers run through :func:`run_writes`, which
-on a failure stops them all before the temporary store is removed."""
+on a failure stops them all before the temporary store is removed;
+:func:`write_arrays` writes dask arrays that way (ingest, predictions)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from dkernel.data.validate import check_positive
+
 DEFAULT_CHUNK_ROWS = 8192
 #: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
 #: and DEFAULT_CHUNK_ROWS rows, so wide data does not get gigabyte chunks.
 CHUNK_BYTES = 32 * 2**20
 
 
-def default_chunk_rows(n_inputs: int, dtype: Any) -> int:
-    """Rows of an ingested chunk when none are given: at most
-    ``DEFAULT_CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of X."""
+def default_chunk_rows(n_inputs: int, dtype: Any, chunk_rows: int | None = None) -> int:
+    """Rows of an ingested chunk: ``chunk_rows`` (checked) when given, else at
+    most ``DEFAULT_CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of X."""
+    if chunk_rows is not None:
+        check_positive("chunk_rows", chunk_rows, integer=True)
+        return chunk_rows
     row_bytes = max(1, int(n_inputs) * np.dtype(dtype).itemsize)
     return max(1, min(DEFAULT_CHUNK_ROWS, CHUNK_BYTES // row_bytes))
 
@@ -145,6 +151,28 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
                     arr[i : i + arr.chunks[0]] = np.asarray(a[i : i + arr.chunks[0]])
         if attrs:
             group.attrs.update(attrs)
+    return os.fspath(path)
+
+
+def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], chunk_rows: int,
+                 *, overwrite: bool = False, attrs: dict | None = None) -> str:
+    """Write dask arrays of rows (None: left out) as the arrays of a store at
+    ``path``, chunked by ``chunk_rows`` rows, on the workers of ``client``: each
+    chunk is assembled and written by one worker, through :func:`run_writes`
+    (a failure stops every task before the temporary store is removed).
+    Returns the path."""
+    import dask.array as da
+
+    with atomic_store(path, overwrite) as group:
+        sources, targets = [], []
+        for name, a in arrays.items():
+            if a is not None:
+                targets.append(create_array(group, name, tuple(int(s) for s in a.shape), a.dtype,
+                                            chunk_rows))
+                # the arrays' row chunks align, so no two tasks write one zarr chunk
+                sources.append(a.rechunk(targets[-1].chunks))
+        run_writes(client, da.store(sources, targets, lock=False, compute=False))
+        group.attrs.update(attrs or {})
     return os.fspath(path)
 
 

@@ -7,7 +7,17 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.io import file_exists, read_npz, remove_file, write_npz_atomic
+from dkernel.engine._probe import package_versions
+from dkernel.files import file_exists, read_npz, remove_file, write_npz_atomic
+
+#: What a checkpoint or model file records as the software that wrote it
+#: (``dkernel info`` shows it).
+WRITERS = ("dkernel", "numpy", "dask", "distributed")
+
+
+def writer_versions() -> dict[str, str | None]:
+    """``{package: version}`` of :data:`WRITERS` in this process."""
+    return package_versions(list(WRITERS))
 
 
 def split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -37,7 +47,8 @@ class Checkpointer:
     def save(self, state: dict[str, Any], step: int) -> None:
         arrays, scalars = split_state(state)
         write_npz_atomic(self.path, arrays, {"kind": "checkpoint", "step": step,
-                                             "fingerprint": self.fingerprint, "scalars": scalars})
+                                             "fingerprint": self.fingerprint, "scalars": scalars,
+                                             "versions": writer_versions()})
 
     def load(self) -> tuple[dict[str, Any], int] | None:
         """(state, step) of an existing compatible checkpoint, or None if there is none."""
@@ -48,11 +59,12 @@ class Checkpointer:
             raise ValueError(f"{self.path!r} is not a checkpoint")
         old = meta["fingerprint"]
         if old != self.fingerprint:
-            diff = sorted(k for k in set(old) | set(self.fingerprint) if old.get(k) != self.fingerprint.get(k))
+            diff = sorted(k for k in set(old) | set(self.fingerprint)
+                          if old.get(k) != self.fingerprint.get(k))
             raise ValueError(
-                f"checkpoint {self.path!r} belongs to a different fit (differs in: {', '.join(diff)}); "
-                "resume with the same data and settings, or delete the checkpoint to start over"
-            )
+                f"checkpoint {self.path!r} belongs to a different fit (differs in: "
+                f"{', '.join(diff)}); resume with the same data and settings, or delete the "
+                "checkpoint to start over")
         return {**arrays, **meta["scalars"]}, int(meta["step"])
 
     def remove(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 
+from dkernel._version import __version__
 from dkernel.engine import _probe
 
 #: The packages whose versions must match: dkernel's own (refused when it
@@ -96,14 +97,12 @@ def upload_package(client: Any, timeout: float = UPLOAD_TIMEOUT) -> None:
     ``--no-nanny``); a worker that joins later gets it too."""
     from distributed.diagnostics.plugin import UploadDirectory
 
-    import dkernel
-
     n_workers = len(client.nthreads())
-    version = dkernel.__version__
+    version = __version__
     with tempfile.TemporaryDirectory() as tmp:
         # the plugin puts this folder on sys.path, so dkernel/ must sit inside it
         folder = Path(tmp) / f"dkernel-{version}"
-        shutil.copytree(Path(dkernel.__file__).parent, folder / "dkernel",
+        shutil.copytree(Path(__file__).resolve().parents[1], folder / "dkernel",
                         ignore=shutil.ignore_patterns("__pycache__"))
         client.register_plugin(UploadDirectory(str(folder), restart_workers=True,
                                                update_path=True))

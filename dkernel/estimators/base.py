@@ -24,6 +24,7 @@ from sklearn.utils.validation import check_array, column_or_1d, validate_data
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
 from dkernel.data.validate import check_finite_chunk, check_positive
 from dkernel.engine import EngineOptions
+from dkernel.estimators.model_file import register, write_model
 from dkernel.kernels import median_heuristic
 from dkernel.kernels.exact import check_kernel
 
@@ -46,6 +47,10 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     hands the same Client to the copy instead of deep-copying it (as dask-ml
     does), so ``GridSearchCV`` and ``cross_val_score`` work with ``client=``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register(cls)  # model files name the class; dkernel.io.load_model finds it here
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -115,9 +120,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
 
     def save(self, path: str) -> None:
         """Save the fitted model (``.npz`` + JSON metadata, no pickle)."""
-        from dkernel.io import save_model
-
-        save_model(self, path)
+        write_model(self, path)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,0 +1,305 @@
+"""Delimited text (CSV, TSV, whitespace; ``.gz`` or not): read line by line in
+this process (:func:`ingest_csv`), or as byte ranges on the Dask workers
+(:func:`ingest_csv_parallel`).
+
+In parallel, byte ranges of the file are parsed by pandas' pyarrow engine
+(``dask.dataframe.read_csv``), rechunked to ``chunk_rows`` rows, and each zarr
+chunk is written by the worker that assembled it
+(:func:`dkernel.data.store.write_arrays`); the client only plans.  Integer
+target columns stay integers; feature columns are converted to ``dtype``
+(float32 by default).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterator
+from typing import IO, Any
+
+import numpy as np
+
+from dkernel._extras import require
+from dkernel.data.ingest.common import (
+    IngestError,
+    PathLike,
+    first_line,
+    open_bytes,
+    store_params,
+    target_column,
+)
+from dkernel.data.ingest.parallel import as_dtype, on_cluster, table_columns
+from dkernel.data.ingest.writer import Source, write_stores
+from dkernel.data.store import check_out, default_chunk_rows, write_arrays
+
+# A CSV partition is one byte range of the file; 64 MB keeps tasks coarse
+# (scheduling costs ~ms) yet each worker's memory at a few hundred MB.
+_CSV_BLOCK = 64 * 2**20
+
+
+@store_params
+def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
+               header: bool | None = None, delimiter: str | None = "auto", dtype: Any = "float32",
+               y_dtype: Any = "auto", chunk_rows: int | None = None,
+               overwrite: bool = False) -> str:
+    """Ingest a delimited text file (``.gz`` or not), read line by line.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        CSV / TSV file; blank lines are skipped.
+    out : str or os.PathLike
+        Output store.
+    target : int, str or None, default -1
+        The column stored as ``y``: a header name or a (possibly negative)
+        index; the last column by default; None stores no ``y``.
+    header : bool, optional
+        Whether the first line names the columns.  Default: detected (a header
+        is a first line with any non-numeric field).
+    delimiter : str or None, default "auto"
+        Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
+        else whitespace; None means runs of whitespace.
+    dtype : str or numpy.dtype, default "float32"
+        dtype of ``X``.
+    y_dtype : str or numpy.dtype, default "auto"
+        dtype of ``y``; "auto": integer labels stay integers (int32, or int64
+        when they need it), any other target is float32.
+    {store params}
+    """
+    check_out(out, overwrite)
+    auto = isinstance(y_dtype, str) and y_dtype == "auto"
+    src = _csv_source(path, target, header, delimiter,
+                      np.dtype("float64") if auto else np.dtype(y_dtype))
+    src.y_auto = auto and src.y_dtype is not None
+    write_stores({out: src}, chunk_rows, dtype, overwrite)
+    return os.fspath(out)
+
+
+def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
+                delimiter: str | None, y_dtype: np.dtype) -> Source:
+    path = os.fspath(path)
+    first, delimiter, fields, header = _first_row(path, header, delimiter)
+    n_cols = len(fields)
+    names = fields if header else None
+    t = target_column(names, target, n_cols, path)
+
+    def diagnose(lines: list[str], numbers: list[int], exc: Exception) -> IngestError:
+        for lineno, line in zip(numbers, lines, strict=True):
+            vals = _split(line, delimiter)
+            if len(vals) != n_cols:
+                return IngestError(f"{path}:{lineno}: {len(vals)} values but {n_cols} columns "
+                                   f"(line {first}); every row needs the same number "
+                                   "(ragged rows)")
+            for j, v in enumerate(vals):
+                if not _is_number(v):
+                    col = f"column {j + 1}" + (f" ({names[j]!r})" if names else "")
+                    what = "empty value" if v == "" else f"non-numeric value {v!r}"
+                    return IngestError(f"{path}:{lineno}: {what} in {col}; encode or impute it "
+                                       "before ingesting")
+        return IngestError(f"{path}:{numbers[0]}-{numbers[-1]}: cannot parse these rows ({exc})")
+
+    def parse(lines: list[str], numbers: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+        try:
+            A = np.loadtxt(lines, delimiter=delimiter, dtype=np.float64, ndmin=2, comments=None,
+                           quotechar='"')
+        except ValueError as exc:
+            raise diagnose(lines, numbers, exc) from None
+        if A.shape[1] != n_cols:  # loadtxt only sees ragged rows within one chunk
+            raise diagnose(lines, numbers, ValueError(f"{A.shape[1]} columns"))
+        if t is None:
+            return A, None
+        return np.delete(A, t, axis=1), A[:, t].astype(y_dtype)
+
+    def blocks(chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        lines: list[str] = []
+        numbers: list[int] = []
+        with _open_text(path) as f:
+            for lineno, line in _numbered_lines(path, f):
+                if header and lineno == first:
+                    continue
+                lines.append(line)
+                numbers.append(lineno)
+                if len(lines) == chunk_rows:
+                    yield parse(lines, numbers)
+                    lines, numbers = [], []
+        if lines:
+            yield parse(lines, numbers)
+
+    attrs: dict = {"source": path, "format": "csv"}
+    if names is not None:
+        attrs["columns"] = [v for j, v in enumerate(names) if j != t]
+    if t is not None:
+        attrs["target"] = names[t] if names is not None else t
+    return Source(n_cols - (t is not None), blocks, None if t is None else y_dtype, (), attrs)
+
+
+def _first_row(path: str, header: bool | None,
+               delimiter: str | None) -> tuple[int, str | None, list[str], bool]:
+    """(line number, delimiter, fields, whether it is a header) of the first
+    non-blank line; a delimiter of "auto" and a header of None are detected."""
+    with _open_text(path) as f:
+        first = next(_numbered_lines(path, f), None)
+    if first is None:
+        raise IngestError(f"{path}: no data rows; nothing to ingest")
+    if delimiter == "auto":  # the first of these the line holds; else runs of whitespace
+        delimiter = next((d for d in (",", "\t", ";") if d in first[1]), None)
+    fields = _split(first[1], delimiter)
+    if header is None:
+        header = not all(_is_number(v) for v in fields)
+    return first[0], delimiter, fields, header
+
+
+def _split(line: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return line.split()
+    return [v.strip() for v in next(csv.reader([line], delimiter=delimiter, quotechar='"'))]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _open_text(path: PathLike) -> IO[str]:
+    return io.TextIOWrapper(open_bytes(path), encoding="utf-8")
+
+
+def _numbered_lines(path: PathLike, f: IO[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines, with decoding errors named."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                yield lineno, line.rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise IngestError(f"{os.fspath(path)}: not UTF-8 text near line {lineno + 1}; is this "
+                          "a binary file? pass --format if the name misleads") from None
+    except (OSError, EOFError) as exc:  # corrupt or truncated gzip
+        raise IngestError(f"{os.fspath(path)}: cannot read past line {lineno}: {exc}") from None
+
+
+def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
+                        target: int | str | None = -1, header: bool | None = None,
+                        delimiter: str | None = "auto", dtype: Any = "float32",
+                        chunk_rows: int | None = None, overwrite: bool = False,
+                        client: Any = None, blocksize: int = _CSV_BLOCK) -> str:
+    """Ingest a large CSV file on the workers, one byte range per task.
+
+    Parameters are those of :func:`ingest_csv` (``header`` None: detected from
+    the first line) plus ``client``, the ``distributed.Client`` of the cluster
+    that reads and writes (default: the current client), and ``blocksize``, the
+    bytes per task.  Errors name the column (the serial :func:`ingest_csv` also
+    names the line).  The file is parsed twice: once to count the rows of every
+    byte range (chunks must start at known rows), once to write.
+    """
+    require("parallel CSV ingest", "ingest", "pyarrow", "dask.dataframe")
+    import dask.dataframe as dd
+
+    path = os.fspath(path)
+    if "://" not in path and not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    check_out(out, overwrite)
+    _, delimiter, fields, header = _first_row(path, header, delimiter)
+    kw: dict[str, Any] = {"blocksize": None if path.endswith(".gz") else blocksize,
+                          "header": 0 if header else None}
+    if delimiter is None:
+        kw["sep"] = r"\s+"
+    else:
+        kw["sep"] = delimiter
+        kw["engine"] = "pyarrow"
+    if not header:
+        kw["names"] = [str(j) for j in range(len(fields))]
+    if path.endswith(".gz"):
+        kw["compression"] = "gzip"
+    try:
+        ddf = dd.read_csv(path, **kw)
+    except Exception as exc:
+        raise IngestError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
+    with on_cluster(client, "ingest_csv_parallel") as c:
+        try:
+            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
+        except _TypeChange as exc:
+            if not exc.numeric:
+                raise
+            # Columns typed as integers from the file's first part meet an empty field
+            # (NaN) or a fraction further down: read as float64, as the serial reader
+            # does, and a missing value is then refused naming its row.
+            ddf = dd.read_csv(path, dtype={c: "float64" for c in exc.numeric}, **kw)
+            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
+
+
+def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtype: Any,
+                  chunk_rows: int | None, overwrite: bool, client: Any) -> str:
+    columns = [str(c) for c in ddf.columns]
+    ddf.columns = columns
+    t, x_cols, attrs = table_columns(columns, target, path, "csv")
+    for c in columns:
+        kind = np.dtype(ddf[c].dtype).kind if _is_numpy_dtype(ddf[c].dtype) else "O"
+        if kind not in "biuf":
+            if len(ddf.head(1, npartitions=1, compute=True)) == 0:  # header only: no values at all
+                raise IngestError(f"{path}: no data rows; nothing to ingest")
+            raise IngestError(f"{path}: column {c!r} is {ddf[c].dtype}, not numeric; encode or "
+                              "drop it before ingesting")
+    dtype = np.dtype(dtype)
+    chunk_rows = default_chunk_rows(len(x_cols), dtype, chunk_rows)
+    # Row counts per partition (a parsing pass): zarr chunks must start at known rows.
+    try:
+        lengths = tuple(int(v) for v in client.compute(ddf.map_partitions(len)).result())
+    except ValueError as exc:
+        raise _type_change(path, exc) from None
+    n = int(sum(lengths))
+    if n == 0:
+        raise IngestError(f"{path}: no data rows; nothing to ingest")
+    X = ddf[x_cols].to_dask_array(lengths=lengths)
+    X = X.map_blocks(as_dtype, dtype, path, x_cols, dtype=dtype)
+    y = None
+    if t is not None:
+        y_dtype = np.dtype(ddf[t].dtype)
+        if y_dtype.kind == "b":
+            y_dtype = np.dtype("int8")
+        y = ddf[t].to_dask_array(lengths=lengths)
+        y = y.map_blocks(as_dtype, y_dtype, path, [t], dtype=y_dtype)
+    return write_arrays(client, out, {"X": X, "y": y}, chunk_rows, overwrite=overwrite,
+                        attrs=attrs)
+
+
+class _TypeChange(IngestError):
+    """dask's "Mismatched dtypes": a column typed from the file's first part
+    meets other values further down.  ``numeric``: the columns whose later
+    values are still numbers (an empty field or a fraction in an integer
+    column), which a second read as float64 takes."""
+
+    def __init__(self, message: str, numeric: list[str]) -> None:
+        super().__init__(message)
+        self.numeric = numeric
+
+
+def _type_change(path: str, exc: ValueError) -> Exception:
+    """A :class:`_TypeChange` for dask's "Mismatched dtypes", naming the columns;
+    any other error as it was."""
+    text = str(exc)
+    if "Mismatched dtypes" not in text:
+        return exc
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in text.splitlines()
+            if ln.startswith("|")]
+    found = {r[0]: r[1] for r in rows[1:] if len(r) >= 3}  # rows[0]: the table's header
+    numeric = [c for c, t in found.items() if t.startswith(("float", "int"))]
+    text_cols = [c for c in found if c not in numeric]
+    what = (f"column(s) {', '.join(map(repr, text_cols))} hold text" if text_cols else
+            f"column(s) {', '.join(map(repr, numeric)) or '?'} change type")
+    return _TypeChange(f"{path}: {what} after the first part of the file; encode, drop or "
+                       "impute those values before ingesting", numeric)
+
+
+def _is_numpy_dtype(dt: Any) -> bool:
+    try:
+        np.dtype(dt)
+    except TypeError:
+        return False
+    return True
+
+

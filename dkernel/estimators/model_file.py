@@ -1,0 +1,64 @@
+"""Model files: a fitted estimator's state and parameters as a dkernel ``.npz``
+(:mod:`dkernel.files`), and the registry that finds its class again.
+
+A file records the class by its name, never by its module, so a file still
+loads after a class moves between modules.  Every public estimator class of
+dkernel registers its name when it is defined
+(``BaseEstimator.__init_subclass__``); :func:`dkernel.io.load_model` imports
+:mod:`dkernel.estimators`, which defines them all, before it looks a name up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from dkernel.engine.checkpoint import writer_versions
+from dkernel.files import write_npz_atomic
+
+_CLASSES: dict[str, type] = {}
+
+
+def register(cls: type) -> None:
+    """Record a public dkernel estimator class under its name.  Private bases
+    and subclasses defined outside dkernel are not model-file classes."""
+    name = cls.__name__
+    if name.startswith("_") or not cls.__module__.startswith("dkernel."):
+        return
+    known = _CLASSES.get(name)
+    if known is not None and known.__module__ != cls.__module__:  # same module: a reload
+        raise TypeError(f"two estimator classes are named {name!r} ({known.__module__} and "
+                        f"{cls.__module__}); model files name the class, so rename one")
+    _CLASSES[name] = cls
+
+
+def estimator_class(name: str) -> type | None:
+    """The registered estimator class called ``name``, None if there is none."""
+    return _CLASSES.get(name)
+
+
+def write_model(estimator: Any, path: str | os.PathLike) -> None:
+    """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
+    arrays, meta = estimator._get_model_state()
+    params = estimator.get_params()
+    if not isinstance(params.get("random_state", 0), (int, np.integer)):
+        # None / RandomState / Generator: the file keeps the integer seed the fit used
+        params["random_state"] = getattr(estimator, "random_state_", None)
+    if hasattr(estimator, "feature_names_in_"):  # DataFrame columns seen by fit
+        meta = {**meta, "feature_names_in": [str(c) for c in estimator.feature_names_in_]}
+    write_npz_atomic(path, arrays, {"kind": "model", "estimator": type(estimator).__name__,
+                                    "params": _jsonable(params), "versions": writer_versions(),
+                                    **meta})
+
+
+def _jsonable(params: dict) -> dict:
+    out = {}
+    for k, v in params.items():
+        if k == "client" or callable(v):
+            continue
+        if isinstance(v, np.generic):
+            v = v.item()
+        out[k] = v
+    return out
