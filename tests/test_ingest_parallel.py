@@ -252,3 +252,19 @@ def test_a_parallel_reader_without_a_client_says_how_to_get_one(tmp_path):
     assert run.returncode != 0
     assert "no Dask client is running: pass client=" in run.stderr, run.stderr
     assert not os.path.exists(tmp_path / "s.zarr")
+
+
+def test_a_parallel_reader_connects_to_a_scheduler_address_for_the_call(client, tmp_path):
+    """``scheduler=`` (the keyword earlier versions took) still works: a client of
+    its own for the call, closed afterwards; with client= as well it refuses."""
+    from dkernel.data import open_dataset
+    from dkernel.data.ingest import ingest_parquet
+
+    X, y = _table(50, 3, 1)
+    src = _write_parquet(tmp_path / "table", X, y, parts=2)
+    out = ingest_parquet(src, tmp_path / "s.zarr", scheduler=client.scheduler.address)
+    data = open_dataset(out)
+    np.testing.assert_allclose(data.X.compute(), X.astype(np.float32))
+    with pytest.raises(ValueError, match="client= or scheduler=, not both"):
+        ingest_parquet(src, tmp_path / "t.zarr", client=client,
+                       scheduler=client.scheduler.address)

@@ -13,7 +13,7 @@ from dkernel.backend import namespace, to_numpy
 
 
 def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
-    if dtype == bool:
+    if np.dtype(dtype) == np.dtype(bool):
         return
     if not np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.complexfloating):
         raise TypeError(
@@ -39,7 +39,8 @@ def check_finite_chunk(block: Any, name: str, row_offset: int, action: str = "fi
     )
 
 
-def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False) -> None:
+def check_positive(name: str, value: Any, *, integer: bool = False,
+                   allow_zero: bool = False) -> None:
     """Hyper-parameter check with a message that names the parameter."""
     ok_type = isinstance(value, (int, np.integer)) if integer else isinstance(
         value, (int, float, np.integer, np.floating))

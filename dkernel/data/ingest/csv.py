@@ -186,13 +186,15 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                         target: int | str | None = -1, header: bool | None = None,
                         delimiter: str | None = "auto", dtype: Any = "float32",
                         chunk_rows: int | None = None, overwrite: bool = False,
-                        client: Any = None, blocksize: int = _CSV_BLOCK) -> str:
+                        client: Any = None, scheduler: str | None = None,
+                        blocksize: int = _CSV_BLOCK) -> str:
     """Ingest a large CSV file on the workers, one byte range per task.
 
     Parameters are those of :func:`ingest_csv` (``header`` None: detected from
     the first line) plus ``client``, the ``distributed.Client`` of the cluster
-    that reads and writes (default: the current client), and ``blocksize``, the
-    bytes per task.  Errors name the column (the serial :func:`ingest_csv` also
+    that reads and writes (default: the current client; or ``scheduler``, an
+    address to connect to for this call), and ``blocksize``, the bytes per
+    task.  Errors name the column (the serial :func:`ingest_csv` also
     names the line).  The file is parsed twice: once to count the rows of every
     byte range (chunks must start at known rows), once to write.
     """
@@ -219,7 +221,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         ddf = dd.read_csv(path, **kw)
     except Exception as exc:
         raise IngestError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
-    with on_cluster(client, "ingest_csv_parallel") as c:
+    with on_cluster(client, "ingest_csv_parallel", scheduler) as c:
         try:
             return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
         except _TypeChange as exc:

@@ -285,12 +285,14 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                            n_features: int | None = None, zero_based: bool = False,
                            dtype: Any = "float32", y_dtype: Any = "float32",
                            chunk_rows: int | None = None, overwrite: bool = False,
-                           client: Any = None, blocksize: int = _BLOCK) -> str:
+                           client: Any = None, scheduler: str | None = None,
+                           blocksize: int = _BLOCK) -> str:
     """Ingest a libsvm / svmlight file on the Dask workers, one byte range per task.
 
     Parameters are those of :func:`ingest_libsvm` plus ``client``, the
     ``distributed.Client`` of the cluster that reads and writes (default: the
-    current client), and ``blocksize``, the bytes of text per task.  Every worker
+    current client; or ``scheduler``, an address to connect to for this call),
+    and ``blocksize``, the bytes of text per task.  Every worker
     must see the file under ``path``.  The store appears under ``out`` only when
     every chunk is written; errors name the line.
     """
@@ -302,7 +304,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     check_out(out, overwrite)
     dtype, y_dtype = np.dtype(dtype), np.dtype(y_dtype)
     ranges = byte_ranges(path, blocksize)
-    with on_cluster(client, "ingest_libsvm_parallel") as c:
+    with on_cluster(client, "ingest_libsvm_parallel", scheduler) as c:
         scans = c.gather(c.map(scan_range, [path] * len(ranges), ranges, zero_based=zero_based,
                                n_features=n_features, pure=False))
         d = width(path, scans, n_features)

@@ -25,9 +25,21 @@ from dkernel.data.ingest.common import IngestError, cast_finite, first_nonfinite
 
 
 @contextmanager
-def on_cluster(client: Any, what: str) -> Iterator[Any]:
+def on_cluster(client: Any, what: str, scheduler: str | None = None) -> Iterator[Any]:
     """``client`` (default: the current ``distributed.Client``) as the current
-    client while it runs ``what``; refuses to run without one, saying how to get one."""
+    client while it runs ``what``; refuses to run without one, saying how to get one.
+
+    ``scheduler`` (an address, as earlier versions took it) opens a plain
+    ``distributed.Client`` to it for the call, with the TLS settings of the dask
+    config; :func:`dkernel.engine.connect` adds the worker-version check."""
+    if scheduler is not None:
+        if client is not None:
+            raise ValueError(f"{what}: pass client= or scheduler=, not both")
+        from distributed import Client
+
+        with Client(scheduler, set_as_default=False) as own, own.as_current():
+            yield own
+        return
     if client is None:
         from distributed import get_client
 

@@ -29,7 +29,8 @@ _PARQUET_BLOCK = 64 * 2**20
 def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
                    target: int | str | None = -1, dtype: Any = "float32",
                    chunk_rows: int | None = None, overwrite: bool = False,
-                   client: Any = None, blocksize: int = _PARQUET_BLOCK) -> str:
+                   client: Any = None, scheduler: str | None = None,
+                   blocksize: int = _PARQUET_BLOCK) -> str:
     """Ingest a Parquet file (or a folder / glob of them, or a URL) on the workers.
 
     Parameters
@@ -50,6 +51,9 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     client : distributed.Client, optional
         The cluster that reads and writes (default: the current client);
         ``dkernel ingest`` connects as its cluster flags say and passes it.
+    scheduler : str, optional
+        Instead of ``client``: the address of a scheduler to connect to for
+        this call (a plain ``distributed.Client``, TLS from the dask config).
     blocksize : int, default 64 MB
         Bytes of ``X`` one task reads and writes (whole chunks; the row
         groups holding them are read once, those cut by a task's edge twice).
@@ -86,7 +90,8 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     # A task writes whole chunks, ~64 MB of X, so row groups are read about once.
     per_task = chunk_rows * max(1, blocksize // (chunk_rows * len(x_cols) * dtype.itemsize))
     spans = [(a, min(n, a + per_task)) for a in range(0, n, per_task)]
-    with on_cluster(client, "ingest_parquet") as c, atomic_store(out, overwrite) as group:
+    with on_cluster(client, "ingest_parquet", scheduler) as c, \
+            atomic_store(out, overwrite) as group:
         X = create_array(group, "X", (n, len(x_cols)), dtype, chunk_rows)
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
