@@ -35,13 +35,41 @@ def is_url(path: str | os.PathLike) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def url_fs(path: str) -> tuple[Any, str]:
+def url_fs(path: str, **storage_options: Any) -> tuple[Any, str]:
     """The fsspec file system and in-file-system path of a URL.  Credentials
     and endpoints come from the environment (``AWS_ACCESS_KEY_ID``,
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...), never from dkernel."""
     import fsspec
 
-    return fsspec.core.url_to_fs(path)
+    require_protocol(path)
+    return fsspec.core.url_to_fs(path, **storage_options)
+
+
+#: URL schemes whose fsspec file system a dkernel extra installs
+_PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
+
+
+def require_protocol(path: str | os.PathLike) -> None:
+    """Stop with one line naming what to install when the file system of a URL's
+    scheme is missing (fsspec alone says "Install s3fs to access S3", deep in
+    whatever opened the URL)."""
+    path = os.fspath(path)
+    if not is_url(path):
+        return
+    import fsspec
+
+    protocol = path.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        extra = _PROTOCOL_EXTRAS.get(protocol)
+        fix = (f"pip install 'dkernel[{extra}]'" if extra
+               else f"install the fsspec file system for {protocol}://")
+        raise ModuleNotFoundError(f"{protocol}:// URLs need a package that is not installed "
+                                  f"here ({exc}): {fix}", name=protocol) from None
+    except ValueError:
+        raise ValueError(f"{path!r}: fsspec knows no file system for {protocol}://; use a "
+                         "local path or a URL such as s3://bucket/key") from None
 
 
 def file_exists(path: str | os.PathLike) -> bool:

@@ -252,3 +252,19 @@ def test_parquet_on_s3_is_ingested_to_s3_by_the_workers(s3, cluster, csv_file):
     assert labels.dtype == np.int64 and np.array_equal(labels, y)
     fs.invalidate_cache()
     assert [k for k in fs.ls(BUCKET) if ".tmp-" in k] == []
+
+
+@pytest.mark.parametrize("argv", [["info", "s3://bucket/x.zarr"],
+                                  ["fit", "s3://bucket/x.zarr", "--solver", "dsg",
+                                   "--out", "m.npz"]])
+def test_an_s3_url_without_s3fs_names_the_extra_in_one_line(argv, tmp_path):
+    """Without s3fs (hidden from a fresh interpreter), an s3:// store stops with
+    one line that names ``dkernel[s3]``, not fsspec's advice deep in a traceback."""
+    code = ("import sys\nsys.modules['s3fs'] = None  # as if it were not installed\n"
+            "from dkernel.cli import main\n"
+            f"sys.exit(main({argv!r}))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'dkernel[s3]'" in lines[0], run.stderr

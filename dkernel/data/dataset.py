@@ -10,6 +10,7 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.validate import check_finite_chunk, check_numeric_dtype
+from dkernel.files import require_protocol
 
 # Default row-chunk size for in-memory input: ~32 MB per chunk keeps tasks
 # coarse enough to amortise scheduling yet far below worker memory.
@@ -72,6 +73,7 @@ def _open_zarr_group(url: str, storage_options: dict | None):
     if "://" not in url:
         # Workers read the chunks themselves, from their own working directory.
         url = os.path.abspath(url)
+    require_protocol(url)
     try:
         return zarr.open_group(url, mode="r", storage_options=storage_options)
     except Exception as exc:  # zarr raises several types for "not a group here"

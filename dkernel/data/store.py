@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.validate import check_positive
+from dkernel.files import url_fs
 
 DEFAULT_CHUNK_ROWS = 8192
 #: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
@@ -88,7 +89,7 @@ def _atomic_object_store(url: str, overwrite: bool) -> Iterator[Any]:
     import fsspec
     import zarr
 
-    fs, root = fsspec.core.url_to_fs(url)
+    fs, root = url_fs(url)
     root = root.rstrip("/")
     if fs.exists(root) and not overwrite:
         raise FileExistsError(f"{url!r} already exists; remove it or choose another output path")
