@@ -28,7 +28,7 @@ import os
 
 from throughput import step_overhead
 
-from dkernel.engine.loop import _FAN_IN as FAN_IN
+from dkernel.engine.reduce import _FAN_IN as FAN_IN
 
 
 def main() -> None:

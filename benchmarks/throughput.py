@@ -103,13 +103,13 @@ def step_overhead(client, n_steps: int = 200, n_features: int = 0) -> dict:
     (``time.process_time`` of this process: its event loop and the sums) per
     step.  Bytes per step are counted from the messages' sizes: the payload
     rides in each lane's task (below the engine's scatter threshold), and the
-    client gathers what :func:`dkernel.engine.loop.tree_sum` leaves."""
+    client gathers what :func:`dkernel.engine.reduce.tree_sum` leaves."""
     import numpy as np
 
     from dkernel.data import open_dataset
     from dkernel.engine import Engine
-    from dkernel.engine.loop import _FAN_IN
     from dkernel.engine.program import StepProgram
+    from dkernel.engine.reduce import _FAN_IN
 
     theta = np.zeros((n_features, 1), np.float32) if n_features else None
 

@@ -15,7 +15,7 @@ from dkernel import DSGClassifier, EigenProRegressor
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification
 from dkernel.engine import Engine, EngineOptions, tree_sum
-from dkernel.engine.loop import thread_slots
+from dkernel.engine.chunks import thread_slots
 from dkernel.engine.program import StepProgram
 
 

@@ -31,19 +31,18 @@ from dataclasses import dataclass
 from functools import partial, wraps
 from typing import Any
 
-import dask
 import numpy as np
-from distributed import Client, Future, get_worker, wait
+from distributed import Client, Future, wait
 from threadpoolctl import threadpool_limits
 
-from dkernel.backend import align_arrays, aligned
-from dkernel.data.dataset import Dataset, StoreArrays, read_store_rows
-from dkernel.data.plan import ChunkPlan, RowSlice
-from dkernel.data.validate import check_finite_chunk
+from dkernel.data.dataset import Dataset
+from dkernel.data.plan import ChunkPlan
 from dkernel.engine.checkpoint import Checkpointer
+from dkernel.engine.chunks import _ChunkSource
 from dkernel.engine.guard import DivergenceGuard
-from dkernel.engine.program import Chunk, StepProgram
+from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress
+from dkernel.engine.reduce import _CounterTree, _run_partial, _run_step_partial, tree_sum
 
 
 @dataclass
@@ -73,215 +72,6 @@ class EngineOptions:
     resume: bool = False
     progress: bool = False
     dtype: str = "float32"
-
-
-def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> tuple[Any, Any]:
-    if validate:
-        check_finite_chunk(X, "X", row_offset)
-        if y is not None:
-            check_finite_chunk(y, "y", row_offset)
-    return X.astype(dtype, copy=False), y
-
-
-def _read_chunk(store: StoreArrays, start: int, stop: int, dtype: str,
-                validate: bool) -> tuple[Any, Any]:
-    X, y = read_store_rows(store, start, stop)
-    return _load_chunk(X, y, start, dtype, validate)
-
-
-def _aligned_chunk(chunk: tuple[Any, Any]) -> tuple[Any, Any]:
-    return aligned(chunk[0]), aligned(chunk[1])
-
-
-def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any],
-                 rows: np.ndarray | RowSlice | None, key: Any = None,
-                 constants: dict | None = None, run: Any = None) -> dict:
-    if isinstance(rows, RowSlice):  # the plan's slice, expanded here (data/plan.py)
-        rows = rows.rows()
-    # (in-memory chunks are realigned once when scattered, so this copies nothing there)
-    X, y = aligned(chunk[0]), aligned(chunk[1])
-    if isinstance(payload, dict):
-        align_arrays(payload)
-    if constants is not None:  # step-independent arrays shipped once (StepProgram.constants)
-        payload = {**payload, **align_arrays(constants)}
-    if key is not None:
-        return fn(payload, Chunk(X, y, rows, key, run))
-    if rows is not None:
-        X = X[rows]
-        y = None if y is None else y[rows]
-    return fn(payload, X, y)
-
-
-def _run_step_partial(*args: Any, **kwargs: Any) -> dict:
-    """A step's partial result plus the seconds it computed (``_seconds``, summed
-    over the lanes like every entry) and (seconds, worker) of the slowest lane
-    (``_slowest``, kept by max), so an epoch can say where its time went."""
-    t0 = time.perf_counter()
-    out = _run_partial(*args, **kwargs)
-    seconds = time.perf_counter() - t0
-    try:
-        where = get_worker().address
-    except ValueError:  # not on a worker
-        where = ""
-    return {**out, "_seconds": seconds, "_slowest": (seconds, where)}
-
-
-def _add(a: dict, b: dict) -> dict:
-    return {k: max(a[k], b[k]) if k == "_slowest" else a[k] + b[k] for k in a}
-
-
-#: Partials one ``_add_all`` task sums, and the most the client gathers to sum
-#: itself.  A tree over W lanes then takes about W / 7 tasks in log_8(W) levels;
-#: a pairwise tree took W - 1 tasks in log_2(W) levels, and each task costs the
-#: scheduler ~1.5 ms (docs/scaling.md): at 1000 lanes 1.5 s a step against 0.2 s.
-_FAN_IN = 8
-
-
-def _add_all(*parts: dict) -> dict:
-    out = parts[0]
-    for v in parts[1:]:
-        out = _add(out, v)
-    return out
-
-
-def tree_sum(client: Client, parts: list[Future]) -> dict:
-    """Sum dict-valued futures in groups of ``_FAN_IN`` on the workers until
-    the client can gather what is left.  The grouping depends only on
-    ``len(parts)`` (the recorded lanes), so the result is the same
-    floating-point number on any cluster."""
-    while len(parts) > _FAN_IN:
-        parts = [client.submit(_add_all, *parts[i:i + _FAN_IN], pure=False)
-                 if len(parts[i:i + _FAN_IN]) > 1 else parts[i]
-                 for i in range(0, len(parts), _FAN_IN)]
-    return _add_all(*client.gather(parts))
-
-
-class _CounterTree:
-    """Running sum of futures pushed in a fixed order, added on the workers.
-
-    Like a binary counter: the i-th push carries into ``log2`` levels, so at
-    most ``log2(pushes) + 1`` partial sums are alive, and the pairing (hence
-    the floating-point result) depends only on the number of pushes.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.levels: list[tuple[int, Future]] = []
-
-    def __len__(self) -> int:
-        return len(self.levels)
-
-    def push(self, f: Future) -> None:
-        level = 0
-        while self.levels and self.levels[-1][0] == level:
-            _, g = self.levels.pop()
-            f = self.client.submit(_add, g, f, pure=False)
-            level += 1
-        self.levels.append((level, f))
-
-    def result(self) -> dict:
-        if not self.levels:
-            raise ValueError("nothing to sum: the dataset has no chunks")
-        f = self.levels[-1][1]
-        for _, g in reversed(self.levels[:-1]):
-            f = self.client.submit(_add, g, f, pure=False)
-        return f.result()
-
-
-def thread_slots(nthreads: dict[str, int]) -> list[str]:
-    """Worker addresses, each once per thread, dealt round by round
-    (``{a: 1, b: 3}`` -> a b b b; ``{a: 2, b: 2}`` -> a b a b): chunk c's home
-    is slot ``c % len(slots)``, so a step's lanes fill every thread, and
-    single-threaded workers take chunks in turn."""
-    workers = sorted(nthreads)
-    return [w for t in range(max(nthreads.values(), default=0))
-            for w in workers if nthreads[w] > t]
-
-
-class _ChunkSource:
-    """Futures of (X_chunk, y_chunk) on the workers."""
-
-    def __init__(self, client: Client, data: Dataset, dtype: str) -> None:
-        self.client, self.data, self.dtype = client, data, dtype
-        self.offsets = data.row_offsets()
-        self._resident: dict[int, Future] | None = None
-        self._validated: set[int] = set()
-        self._workers: list[str] | None = None
-        #: chunks already read by the caller (``run_steps(resident=...)``): used
-        #: instead of reading the store again every epoch
-        self.adopted: dict[int, Future] = {}
-
-    def _scatter_all(self) -> None:
-        Xh, yh = self.data.host
-        parts = [(Xh[a:b].astype(self.dtype, copy=False), None if yh is None else yh[a:b])
-                 for a, b in zip(self.offsets[:-1], self.offsets[1:])]
-        futs = self.client.scatter(parts, hash=False)
-        # copied once where they landed: a scattered array can arrive off its alignment
-        futs = self.client.map(_aligned_chunk, futs, pure=False)
-        self._resident = dict(enumerate(futs))
-
-    def refresh(self) -> None:
-        """Forget futures and worker placement after a worker was lost; scattered
-        in-memory chunks are sent again on the next ``get``."""
-        self._resident = None
-        self._workers = None
-
-    def home(self, c: int) -> list[str] | None:
-        """Chunk c is read on the same worker every epoch (when it is alive),
-        so blocks cached from it on that worker are found again; a worker is
-        home to as many lane classes as it has threads (:func:`thread_slots`)."""
-        if self._workers is None:
-            # nthreads: the addresses alone (34 bytes a worker), where the
-            # scheduler's identity carries ~650 bytes of metrics per worker
-            self._workers = thread_slots(self.client.nthreads())
-        return [self._workers[c % len(self._workers)]] if self._workers else None
-
-    def placement(self, c: int) -> dict[str, Any]:
-        """Submit keywords that prefer chunk c's home worker; none when the
-        scheduler reports no worker at that moment (distributed refuses
-        ``allow_other_workers`` without ``workers``)."""
-        home = self.home(c)
-        return {"workers": home, "allow_other_workers": True} if home else {}
-
-    def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
-        # Homes from the workers alive now (one scheduler query per group): a
-        # task restricted to a worker that is already gone waits in
-        # "no-worker" for ever should every worker have been replaced -- the
-        # scheduler does not apply allow_other_workers to such tasks when new
-        # workers join (distributed 2026.8).
-        self._workers = None
-        if self.adopted and all(c in self.adopted for c in chunks):
-            return {c: self.adopted[c] for c in chunks}
-        if self.data.host is not None:
-            if self._resident is None:
-                self._scatter_all()
-            return {c: self._resident[c] for c in chunks}
-        out = {}
-        store = self.data.store
-        if store is not None:
-            # one task per chunk, built without a dask graph (read_store_rows)
-            for c in chunks:
-                validate = c not in self._validated
-                self._validated.add(c)
-                a, b = int(self.offsets[c]), int(self.offsets[c + 1])
-                out[c] = self.client.submit(_read_chunk, store, a, b, self.dtype, validate,
-                                            key=f"read-{self.data.X.name}-{c}-{uuid.uuid4().hex[:8]}",
-                                            pure=False, **self.placement(c))
-            return out
-        for c in chunks:
-            xb = self.data.X.blocks[c]
-            yb = None if self.data.y is None else self.data.y.blocks[c]
-            # fuse each chunk's read, checks and slicing into one task per array
-            # (the scheduler's work per chunk competes with the steps for cores)
-            xb, yb = dask.optimize(xb, yb)
-            # NaN/inf are checked on the worker the first time each chunk is read.
-            validate = c not in self._validated
-            self._validated.add(c)
-            out[c] = self.client.compute(
-                dask.delayed(_load_chunk, pure=False)(xb, yb, int(self.offsets[c]), self.dtype,
-                                                      validate),
-                **self.placement(c))
-        return out
 
 
 def _one_blas_thread(method: Callable) -> Callable:
