@@ -66,7 +66,7 @@ from dkernel.linalg import Eigensystem, eigensystem
 from dkernel.solvers.kernel_rows import (
     TILE_ROWS,
     buffer,
-    fill,
+    cached_rows,
     kernel_into,
     kernel_rows_key,
     rows_products,
@@ -214,16 +214,12 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
     sub = asarray_like(payload["sub_idx"], chunk.X)  # once, not per tile
     n_c, p = chunk.X.shape[0], C.shape[0]
     rows = np.arange(n_c) if chunk.rows is None else np.asarray(chunk.rows)
-    stored = None
-    if mode != "off":  # None as well when the worker's cache budget declines
-        key = kernel_rows_key(chunk.key, payload["centers_token"], mode)
-        stored = cache.lookup_or_fill(key,
-                                      lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
-                                      stored_bytes(n_c, p, mode), owner=chunk.run)
+    stored = cached_rows(payload, chunk)
     m = rows.shape[0]
     y = encoding.encode(chunk.y_rows, np.float32)
     if stored is not None:
         # the subsample columns apart, so a step reads them without a gather (+ s / p memory)
+        key = kernel_rows_key(chunk.key, payload["centers_token"], mode)
         stored_sub = cache.lookup_or_fill(key + ("sub", payload["sub_token"]),
                                           lambda: subsample_columns(stored, sub),
                                           stored_bytes(n_c, len(sub), mode), owner=chunk.run)

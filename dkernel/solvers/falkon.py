@@ -41,15 +41,12 @@ from scipy.linalg import blas
 from threadpoolctl import threadpool_limits
 
 from dkernel.backend import namespace
-from dkernel.engine import cache
 from dkernel.engine.program import Chunk
 from dkernel.solvers.kernel_rows import (
     buffer,
-    fill,
+    cached_rows,
     kernel_into,
-    kernel_rows_key,
     range_products,
-    stored_bytes,
 )
 from dkernel.solvers.targets import TargetEncoding
 
@@ -141,12 +138,7 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
     if payload["targets"]:
         enc: TargetEncoding = payload["encoding"]
         Y = enc.encode(chunk.y, np.float32)
-    stored = None
-    if mode != "off":  # None as well when the worker's cache budget declines
-        key = kernel_rows_key(chunk.key, payload["centers_token"], mode)
-        stored = cache.lookup_or_fill(key,
-                                      lambda: fill(chunk.X, C, C_sq, kernel, bw, mode),
-                                      stored_bytes(n_c, p, mode), owner=chunk.run)
+    stored = cached_rows(payload, chunk)
     w = xp.zeros((p, v.shape[1]), dtype=np.float32)
     sq = xp.zeros(v.shape[1], dtype=np.float64)
     r = buffer("falkon-r", (_TILE_ROWS, v.shape[1]), np.float32, chunk.X)

@@ -157,6 +157,23 @@ def fill(X: Any, C: Any, C_sq: Any, kernel: str, bandwidth: float, mode: str) ->
     return out
 
 
+
+def cached_rows(payload: dict, chunk: Any) -> Any:
+    """The chunk's stored kernel rows against the payload's centers, from the
+    worker cache (filled on first use); None with ``cache="off"`` or when the
+    worker's cache budget declines them (the caller then computes per tile)."""
+    from dkernel.engine import cache
+
+    mode = payload["cache"]
+    if mode == "off":
+        return None
+    C, C_sq = payload["centers"], payload["centers_sq"]
+    return cache.lookup_or_fill(
+        kernel_rows_key(chunk.key, payload["centers_token"], mode),
+        lambda: fill(chunk.X, C, C_sq, payload["kernel"], payload["bandwidth"], mode),
+        stored_bytes(chunk.X.shape[0], C.shape[0], mode), owner=chunk.run)
+
+
 # --- reading rows ----------------------------------------------------------------------
 def tile_products(T: Any, a: Any, y: Any, sub: Any, r: Any, kg: Any,
                   T_sub: Any | None = None) -> None:
