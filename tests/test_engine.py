@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
-from dkernel import DSGClassifier, EigenProRegressor
+from dkernel import DSGClassifier, DSGRegressor, EigenProRegressor
 from dkernel.data import ChunkPlan, open_dataset
-from dkernel.datasets import make_blobs_classification
+from dkernel.datasets import make_blobs_classification, make_dai_ridge
 from dkernel.engine import Engine, EngineOptions, tree_sum
 from dkernel.engine.chunks import thread_slots
 from dkernel.engine.program import StepProgram
@@ -599,3 +599,38 @@ def test_a_fit_killed_before_or_during_a_replayed_epoch_resumes_to_the_same_mode
     opts.resume = True
     resumed = Engine(client, opts).run_steps(data, _Line(2.2), **run)
     assert resumed["w"] == whole["w"] and resumed["step_scale"] == whole["step_scale"] == 0.5
+
+
+def test_small_chunks_are_bundled_per_lane_class_and_never_across():
+    """A lane reads k = round(slice / chunk) small chunks of its own class as one
+    (data.plan.chunk_bundles); chunks near a lane's slice are left alone."""
+    from dkernel.data.plan import chunk_bundles
+
+    bundles = chunk_bundles(tuple([500] * 37), 2, 8192)  # slice 4096: k = 8
+    assert bundles is not None
+    assert sorted(c for b in bundles for c in b) == list(range(37))
+    for i, b in enumerate(bundles):
+        assert len(b) <= 8 and all(c % 2 == i % 2 for c in b)  # bundle i: lane class i mod 2
+    assert [len(b) for b in bundles[:2]] == [8, 8]
+    assert chunk_bundles(tuple([4000] * 10), 2, 8192) is None  # k = 1
+    assert chunk_bundles(tuple([500] * 37), 2, 8192) == bundles  # a pure function
+
+
+def test_a_fit_on_small_chunks_takes_the_steps_its_batch_asks_for(client):
+    """DSG on 500-row chunks takes as many steps an epoch as on 4000-row chunks
+    (its lanes read bundles of 8), not one 500-row slice a lane a step, and
+    the fit is reproducible; its cached blocks are keyed by the member chunks."""
+    from dkernel.engine.chunks import _BundleSource, _ChunkSource
+
+    X, y = make_dai_ridge(16000, 6, random_state=3)
+    kw = dict(n_features=256, block_size=128, n_epochs=1, batch_size=8192, bandwidth=2.0,
+              client=client, lanes=2)
+    small = [DSGRegressor(**kw).fit(da.from_array(X, chunks=(500, 6)),
+                                    da.from_array(y, chunks=500)) for _ in range(2)]
+    wide = DSGRegressor(**kw).fit(da.from_array(X, chunks=(4000, 6)),
+                                  da.from_array(y, chunks=4000))
+    assert small[0].history_[0]["steps"] == wide.history_[0]["steps"] == 2
+    np.testing.assert_array_equal(small[0].coef_, small[1].coef_)
+    source = _BundleSource(_ChunkSource(client, open_dataset(X, y, chunk_rows=500), "float32"),
+                           [(0, 2), (1, 3)])
+    assert source.key("X", 0) == ("X", ("bundle", 0, 2)) != ("X", 0)

@@ -13,7 +13,7 @@ from typing import Any
 import dask
 from distributed import Client, Future
 
-from dkernel.backend import aligned
+from dkernel.backend import aligned, namespace
 from dkernel.data.dataset import Dataset, StoreArrays, read_store_rows
 from dkernel.data.validate import check_finite_chunk
 
@@ -48,6 +48,10 @@ def thread_slots(nthreads: dict[str, int]) -> list[str]:
 
 class _ChunkSource:
     """Futures of (X_chunk, y_chunk) on the workers."""
+
+    def key(self, name: str, c: int) -> tuple:
+        """The worker-cache key of chunk c's rows (blocks derived from them)."""
+        return (name, c)
 
     def __init__(self, client: Client, data: Dataset, dtype: str) -> None:
         self.client, self.data, self.dtype = client, data, dtype
@@ -130,3 +134,40 @@ class _ChunkSource:
                                                       validate),
                 **self.placement(c))
         return out
+
+
+def _concat_chunks(*parts: tuple[Any, Any]) -> tuple[Any, Any]:
+    xp = namespace(parts[0][0])
+    X = xp.concatenate([p[0] for p in parts])
+    y = None if parts[0][1] is None else xp.concatenate([p[1] for p in parts])
+    return aligned(X), aligned(y)
+
+
+class _BundleSource:
+    """A :class:`_ChunkSource` whose chunks are bundles of small store chunks
+    (:func:`dkernel.data.plan.chunk_bundles`), each read on its home and joined
+    there once per epoch (a copy of the bundle's rows, a few ms against the
+    step's arithmetic).  A bundle's cache key names its member chunks, so two
+    fits that bundle differently never share a cached block."""
+
+    def __init__(self, source: _ChunkSource, bundles: list[tuple[int, ...]]) -> None:
+        self.source, self.bundles = source, bundles
+        self.adopted: dict[int, Future] = {}
+
+    def key(self, name: str, b: int) -> tuple:
+        return (name, ("bundle", *self.bundles[b]))
+
+    def refresh(self) -> None:
+        self.source.refresh()
+
+    def home(self, b: int) -> list[str] | None:
+        return self.source.home(self.bundles[b][0])
+
+    def placement(self, b: int) -> dict[str, Any]:
+        return self.source.placement(self.bundles[b][0])
+
+    def get(self, bundles: tuple[int, ...]) -> dict[int, Future]:
+        parts = self.source.get(tuple(c for b in bundles for c in self.bundles[b]))
+        return {b: self.source.client.submit(_concat_chunks, *[parts[c] for c in self.bundles[b]],
+                                             pure=False, **self.placement(b))
+                for b in bundles}

@@ -36,9 +36,9 @@ from distributed import Client, Future, wait
 from threadpoolctl import threadpool_limits
 
 from dkernel.data.dataset import Dataset
-from dkernel.data.plan import ChunkPlan
+from dkernel.data.plan import ChunkPlan, chunk_bundles
 from dkernel.engine.checkpoint import Checkpointer
-from dkernel.engine.chunks import _ChunkSource
+from dkernel.engine.chunks import _BundleSource, _ChunkSource
 from dkernel.engine.guard import DivergenceGuard
 from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress
@@ -132,6 +132,15 @@ class Engine:
         is lost, so a lost worker costs a re-read, as without them."""
         opts = self.options
         plan = self.plan(data, batch_size, random_state)
+        source = _ChunkSource(self.client, data, opts.dtype)
+        bundles = (chunk_bundles(plan.row_chunks, plan.lanes, plan.batch_size)
+                   if program.bundles_chunks and resident is None and data.host is None else None)
+        if bundles is not None:  # small store chunks: a lane reads several as one
+            offsets = data.row_offsets()
+            plan = ChunkPlan(tuple(int(sum(offsets[c + 1] - offsets[c] for c in b))
+                                   for b in bundles), plan.batch_size, plan.lanes,
+                             plan.random_state)
+            source = _BundleSource(source, bundles)
         fingerprint = {**program.fingerprint(), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
                        "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
                        "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs,
@@ -147,7 +156,6 @@ class Engine:
         state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
-        source = _ChunkSource(self.client, data, opts.dtype)
         if resident is not None and data.host is None:
             source.adopted = dict(resident)
         constants = program.constants()
@@ -192,7 +200,8 @@ class Engine:
                             futs = [self.client.submit(_run_step_partial, type(program).partial,
                                                        payload, current[c],
                                                        plan.row_slice(epoch, c, j),
-                                                       (data.X.name, c) if program.wants_chunk
+                                                       source.key(data.X.name, c)
+                                                       if program.wants_chunk
                                                        else None,
                                                        *extra, run=run, **source.placement(c),
                                                        key=f"{tag}-{c}-{attempt}",

@@ -56,6 +56,10 @@ class StepProgram:
     #: When True the engine calls ``partial(payload, chunk: Chunk)`` instead of
     #: ``partial(payload, X_rows, y_rows)``.
     wants_chunk: bool = False
+    #: When True a lane may read several small store chunks as one
+    #: (:func:`dkernel.data.plan.chunk_bundles`): for programs whose partials
+    #: keep nothing per store chunk beyond what the chunk key names.
+    bundles_chunks: bool = False
     #: Set (e.g. by an early-stopping callback) to end the fit after this epoch.
     stop: bool = False
 

@@ -180,6 +180,7 @@ class DSGProgram(StepProgram):
 
     partial = staticmethod(dsg_partial)
     wants_chunk = True
+    bundles_chunks = True  # a small chunk's lane reads several (data.plan.chunk_bundles)
     supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:

@@ -223,6 +223,7 @@ class FeatureEigenProProgram(StepProgram):
 
     partial = staticmethod(eigenpro_rf_partial)
     wants_chunk = True
+    bundles_chunks = True  # a small chunk's lane reads several (data.plan.chunk_bundles)
     supports_backoff = True
 
     def init_state(self) -> dict[str, Any]:
