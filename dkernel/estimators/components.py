@@ -13,12 +13,10 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_array
 
 from dkernel.data.dataset import open_dataset
-from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    check_common_params,
     check_not_sparse,
     check_predict_input,
     is_in_memory,
@@ -30,8 +28,9 @@ from dkernel.estimators.base import (
     validate_predict_input,
 )
 from dkernel.estimators.history import EpochMonitor, history_meta, set_history
+from dkernel.estimators.spec import documented, params_of
 from dkernel.features import FeatureMap
-from dkernel.kernels.exact import check_kernel, kernel_matrix
+from dkernel.kernels.exact import kernel_matrix
 from dkernel.solvers.components import (
     ComponentProgram,
     PowerProgram,
@@ -51,74 +50,6 @@ from dkernel.solvers.eigenpro_rf import (
     feature_preconditioner,
 )
 
-_DOC_COMMON = """
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-        Kernel scale; "auto" is the median heuristic on a sample of rows.
-    n_features : int, default=4096
-        Size D of the pool of random features (per view); after
-        D / block_size steps existing seeds are revisited (Xie et al. 4.2).
-    block_size : int, default=256
-        Features drawn per step (one seed).
-    batch_size : int, default=512
-        Rows per step, spread over ``lanes`` chunks.
-    n_epochs : int, default=5
-    step_size : float or "auto", default="auto"
-        theta_0 of eta_t = theta_0 / (1 + theta_1 t); "auto" is c / lambda_1,
-        lambda_1 the top eigenvalue of the kernel operator on a 1000-row
-        sample (c = 1 for KPCA / KSVD, 0.5 for KCCA), stored as ``step_size_``.
-    step_decay : float or "auto", default="auto"
-        theta_1; "auto" is 1e-3 (Xie et al.'s setting) for block steps and
-        1e-2 for KernelCCA's preconditioned whole-pool steps, which cover
-        the pool every step instead of once per pool cycle; stored as
-        ``step_decay_``.
-    center : bool, default=True
-        Centre the features by a streaming mean (scikit-learn's convention);
-        False solves the uncentred problem of the paper.
-    lanes : int, default=4
-        Chunks sharing one step (the model depends on it, not on the workers).
-    random_state : int, RandomState, Generator or None, default=0
-        Global seed; anything but an int becomes one integer seed at fit,
-        stored as ``random_state_``.
-    client : distributed.Client, optional
-    verbose : bool, default=False
-    checkpoint, checkpoint_every, resume
-        Checkpoint file, interval in steps, and whether to continue from it.
-"""
-
-
-_DOC_POWER = _DOC_COMMON.replace(
-    """    batch_size : int, default=512
-        Rows per step, spread over ``lanes`` chunks.
-""",
-    """    batch_size : int or "auto", default="auto"
-        Rows per step, spread over ``lanes`` chunks.  "auto": 512 for block
-        steps; for power steps ``lanes`` x the rows whose features (D, both
-        views' 2 D for KernelSVD) are 2^27 feature evaluations (32768 at
-        D = 4096 for one view), at most n / 8 (8 steps an
-        epoch) unless that is under 16 rows a component, the least power
-        steps accept.  A lane takes at most its chunk's rows a step, so
-        chunks shorter than ``batch_size / lanes`` make shorter steps; a
-        step shorter than a full one (a chunk's last rows) weighs in by its
-        rows.  Stored as ``batch_size_``.
-""").replace(
-    """    lanes : int, default=4
-        Chunks sharing one step (the model depends on it, not on the workers).
-""",
-    """    lanes : int or "auto", default="auto"
-        Chunks sharing one step (the model depends on it, not on the workers).
-        "auto": 4 for block steps, one per worker thread for power steps.
-        Stored as ``lanes_``.
-""").replace(
-    """    step_size : float or "auto", default="auto"
-        theta_0""",
-    """    step_size : float or "auto", default="auto"
-        Block steps only.  theta_0""").replace(
-    """    step_decay : float or "auto", default="auto"
-        theta_1""",
-    """    step_decay : float or "auto", default="auto"
-        Block steps only.  theta_1""")
-
 _DOC_POWER_ATTRIBUTES = """    steps_ : str
         "block", "power" or "exact", as ``steps`` resolved.
     lanes_, batch_size_ : int or None
@@ -126,24 +57,6 @@ _DOC_POWER_ATTRIBUTES = """    steps_ : str
         None for exact steps.
     step_size_, step_decay_ : float or None
         The block steps' theta_0 and theta_1; None for power and exact steps.
-"""
-
-_DOC_STEPS = """    steps : {{"auto", "exact", "power", "block"}}, default="auto"
-        "block": Xie et al.'s algorithm, one block of ``block_size`` features
-        per step on ``batch_size`` rows.  "power": every step is a power step
-        on the whole pool over a wide batch (the noisy power method, module
-        docstring of :mod:`dkernel.solvers.components`), which has no step
-        size: a block step's fixed cost dominates its compute on a cluster
-        (docs/scaling.md).  "exact": the solution on the pool over all rows,
-        by subspace iteration with 20 extra directions, a dozen passes over
-        the rows (no epochs, batches or checkpoints).  "auto": "exact" below
-        16384 rows when no iterative setting (n_epochs, batch_size, lanes,
-        checkpoint) is given, since a power step converges to its own
-        batch's subspace and on few rows a batch is a few hundred rows
-        (power steps on 300 rows missed exact kernel PCA by sin^2 0.13);
-        else power steps, unless a setting only block steps have is given
-        ({block_only}), which selects block steps.
-        Stored as ``steps_``.
 """
 
 #: theta_0 = c / lambda_1 with lambda_1 the top eigenvalue of the (centred) kernel
@@ -203,42 +116,33 @@ def _score_block(Xb: Any, features: FeatureMap, coef: np.ndarray, mean: np.ndarr
 
 
 class _ComponentsBase(TransformerMixin, BaseEstimator):
-    #: Whether ``lanes="auto"`` is resolved by the estimator (KernelPCA).
-    _lanes_auto = False
-
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float32"]  # float32 scores (docs/design.md §4)
         return tags
 
-    def _check_base(self) -> None:
-        check_common_params(self)
-        check_positive("n_components", self.n_components, integer=True)
-        check_positive("block_size", self.block_size, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-        if self.step_decay != "auto":
-            check_positive("step_decay", self.step_decay, allow_zero=True)
-        if not (self._lanes_auto and self.lanes == "auto"):
-            check_positive("lanes", self.lanes, integer=True)
+    def _check_params(self) -> None:
+        super()._check_params()
         if self.n_components > self.n_features:
             raise ValueError(
                 f"n_components={self.n_components} exceeds n_features={self.n_features}; "
-                "use more random features than components"
-            )
+                "use more random features than components")
+        if hasattr(self, "steps"):
+            self._resolve_steps()
 
-    #: Settings only block steps have, and their defaults (power steps have no step size).
-    _block_only: tuple[tuple[str, Any], ...] = (("step_size", "auto"), ("step_decay", "auto"))
+    #: Settings only block steps have (power steps have no step size).
+    _block_only: tuple[str, ...] = ("step_size", "step_decay")
+
+    def _changed(self, names: tuple[str, ...]) -> list[tuple[str, Any]]:
+        """(name, value) of the settings among ``names`` not at their declared default."""
+        default = {p.name: p.default for p in params_of(type(self))}
+        return [(n, getattr(self, n)) for n in names if getattr(self, n) != default[n]]
 
     def _resolve_steps(self) -> str:
         """``steps`` resolved before the data is seen: "power", "block" or
         "exact" (the estimators' docstrings); :meth:`_resolve_exact` may turn
         an automatic "power" into "exact" once the rows are counted."""
-        if self.steps not in ("auto", "block", "power", "exact"):
-            raise ValueError(
-                f"steps must be 'auto', 'block', 'power' or 'exact', got {self.steps!r}")
-        given = [(name, getattr(self, name)) for name, default in self._block_only
-                 if getattr(self, name) != default]
+        given = self._changed(self._block_only)
         if self.steps in ("power", "exact") and given:
             name, value = given[0]
             raise ValueError(f"{name}={value!r} applies to block steps; {self.steps} steps "
@@ -255,14 +159,10 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         return "power" if self.steps == "power" or (self.steps == "auto" and not given) \
             else "block"
 
-    #: Settings only iterative (power or block) steps use, and their defaults.
-    _iterative_only: tuple[tuple[str, Any], ...] = (
-        ("n_epochs", 5), ("batch_size", "auto"), ("lanes", "auto"), ("checkpoint", None),
-        ("checkpoint_every", 0), ("resume", False))
-
     def _iterative_given(self) -> list[tuple[str, Any]]:
-        return [(name, getattr(self, name)) for name, default in self._iterative_only
-                if getattr(self, name) != default]
+        """Settings only iterative (power or block) steps use, given."""
+        return self._changed(("n_epochs", "batch_size", "lanes", "checkpoint",
+                              "checkpoint_every", "resume"))
 
     def _resolve_exact(self, steps: str, n_rows: int) -> str:
         """An automatic "power" becomes "exact" below ``_EXACT_ROWS`` rows when no
@@ -379,10 +279,10 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         return state, total
 
 
+@documented
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
-    _lanes_auto = True
     _method = "kpca"
-    _block_only = _ComponentsBase._block_only + (("ordering", "rotate"),)
+    _block_only = _ComponentsBase._block_only + ("ordering",)
 
     __doc__ = f"""Kernel PCA by doubly stochastic gradients (Xie, Liang & Song 2015, Alg. 1-2).
 
@@ -390,16 +290,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     covariance operator, ordered by a final k x k rotation (or individually by
     the GHA update, ``ordering="gha"``).
 
-    Parameters
-    ----------
-    n_components : int, default=8
-{_DOC_POWER}
-    ordering : {{"rotate", "gha"}}, default="rotate"
-        "rotate": Oja subspace update, then a Rayleigh-Ritz rotation;
-        "gha": Xie eq. (16), the upper-triangular update that isolates the
-        individual eigenfunctions (the rotation is still applied at the end).
-        Block steps only.
-{_DOC_STEPS.format(block_only='step_size, step_decay, ordering="gha"')}
     Attributes
     ----------
     components_ : ndarray (n_features_, n_components)
@@ -454,31 +344,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         checkpoint_every: int = 0,
         resume: bool = False,
     ) -> None:
-        self.n_components = n_components
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.center = center
-        self.ordering = ordering
-        self.steps = steps
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+        self._store_params(locals())
 
     def fit(self, X: Any, y: Any = None) -> KernelPCA:
         """Fit on X (array, DataFrame or store path); y is ignored."""
-        self._check_base()
-        if self.ordering not in ("rotate", "gha"):
-            raise ValueError(f"ordering must be 'rotate' or 'gha', got {self.ordering!r}")
+        self._check_params()
         steps = self._resolve_steps()
         X, _, _ = validate_fit_input(self, X, target="none")
         self.random_state_ = resolve_random_state(self.random_state)
@@ -578,26 +448,11 @@ class _TwoViewBase(_ComponentsBase):
         tags.target_tags.required = True  # the second view Y
         return tags
 
-    def _check_two(self) -> None:
-        self._check_base()
-        if self.kernel_y is not None:
-            check_kernel(self.kernel_y)
-        if self.bandwidth_y is not None and self.bandwidth_y != "auto":
-            check_positive("bandwidth_y", self.bandwidth_y)
-        if hasattr(self, "init"):
-            if self.init not in ("subsample", "random"):
-                raise ValueError(f"init must be 'subsample' or 'random', got {self.init!r}")
-            check_positive("init_rows", self.init_rows, integer=True)
-        if getattr(self, "preconditioner", None) not in (None, "eigenpro"):
-            raise ValueError(
-                f"preconditioner must be None or 'eigenpro', got {self.preconditioner!r}"
-            )
-
     def fit(self, X: Any, y: Any = None) -> _TwoViewBase:
         """Fit on views X and y (same rows; y, the second view Y, may differ in
         width; named y as in scikit-learn's CCA).  X may be a store path whose
         array ``y`` holds the second view."""
-        self._check_two()
+        self._check_params()
         steps = self._resolve_steps() if self._method == "ksvd" else None
         if y is None and not isinstance(X, str) and not hasattr(X, "__fspath__"):
             raise ValueError(
@@ -769,25 +624,13 @@ class _TwoViewBase(_ComponentsBase):
         set_history(self, meta)
 
 
-_DOC_VIEWS = """
-    kernel_y : str, optional
-        Kernel of the second view (None: same as ``kernel``).
-    bandwidth_y : float or "auto", optional
-        Bandwidth of the second view (None: ``bandwidth``'s rule applied to Y).
-"""
-
-
+@documented
 class KernelSVD(_TwoViewBase):
-    _lanes_auto = True
 
     __doc__ = f"""Kernel SVD of the cross-covariance operator E[k(x,.) (x) l(y,.)] by
     doubly stochastic gradients (Xie et al. 2015, Alg. 3), or by power steps
     on the whole pool (two-sided subspace iteration; ``steps``).
 
-    Parameters
-    ----------
-    n_components : int, default=4
-{_DOC_POWER}{_DOC_VIEWS}{_DOC_STEPS.format(block_only="step_size, step_decay")}
     Attributes
     ----------
     x_components_, y_components_ : ndarray (n_features_, n_components)
@@ -829,26 +672,7 @@ class KernelSVD(_TwoViewBase):
         checkpoint_every: int = 0,
         resume: bool = False,
     ) -> None:
-        self.n_components = n_components
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.kernel_y = kernel_y
-        self.bandwidth_y = bandwidth_y
-        self.n_features = n_features
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.center = center
-        self.steps = steps
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+        self._store_params(locals())
 
     def _metrics(
         self, M: np.ndarray, A: np.ndarray, Bc: np.ndarray
@@ -876,40 +700,14 @@ _INIT_FEATURES = 2048
 _PRECONDITIONER_PAIRS = 128
 
 
+@documented
 class KernelCCA(_TwoViewBase):
-    __doc__ = f"""Kernel CCA by doubly stochastic gradients (Xie et al. 2015, Alg. 4).
+    __doc__ = """Kernel CCA by doubly stochastic gradients (Xie et al. 2015, Alg. 4).
 
     As in scikit-learn's CCA, ``fit(X, Y)``; ``transform(X, Y)`` returns the
     pair (x_scores, y_scores).  ``canonical_correlations(X, Y)`` measures the
     correlation of each pair on held-out data; ``score`` is their sum.
 
-    Parameters
-    ----------
-    n_components : int, default=4
-    alpha : float, default=1e-3
-        Regularisation kappa: covariances C_XX + kappa I (in units of the
-        kernel operator's eigenvalues).
-    init : {{"subsample", "random"}}, default="subsample"
-        Start of the iteration.  "subsample": exact regularised CCA on
-        ``init_rows`` sampled rows and the pool's first 2048 features (one
-        small dense solve on the client), refined by the stochastic steps
-        over all rows and the whole pool; "random": a random orthonormal
-        subspace (Xie et al. need only a non-zero start).
-    init_rows : int, default=8000
-        Rows sampled for the "subsample" start and the preconditioner.
-    preconditioner : {{"eigenpro", None}}, default="eigenpro"
-        "eigenpro": every step updates the whole pool through EigenPro's
-        preconditioner (top-q eigenpairs of each view's centred feature
-        covariance on the ``init_rows`` sample, q set by ``batch_size``),
-        which lets the step grow by lambda_1 / lambda_{{q+1}}; workers return
-        a D x 2k block per task and view (fewer ``lanes`` send fewer).
-        None: Xie's Alg. 4 as printed, one feature block per step.  Both
-        have the same fixed point; on Fashion-MNIST halves (k = 50) "eigenpro"
-        reached a held-out correlation sum of 45.24 with 16384 features in 2
-        epochs (69 s), Alg. 4 as printed 43.75 with 4096 features in 10
-        epochs (199 s) (module docstring of :mod:`dkernel.solvers.components`;
-        ``benchmarks/fashion_kcca.py``).
-{_DOC_COMMON}{_DOC_VIEWS}
     Attributes
     ----------
     x_components_, y_components_ : ndarray (n_features_, n_components)
@@ -952,29 +750,7 @@ class KernelCCA(_TwoViewBase):
         checkpoint_every: int = 0,
         resume: bool = False,
     ) -> None:
-        self.n_components = n_components
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.kernel_y = kernel_y
-        self.bandwidth_y = bandwidth_y
-        self.alpha = alpha
-        self.init = init
-        self.init_rows = init_rows
-        self.preconditioner = preconditioner
-        self.n_features = n_features
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.center = center
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+        self._store_params(locals())
 
     def _metrics(
         self, M: np.ndarray, A: np.ndarray, Bc: np.ndarray

@@ -14,7 +14,6 @@ from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.metaestimators import available_if
 
 from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
     BaseEstimator,
@@ -22,7 +21,6 @@ from dkernel.estimators.base import (
     apply_rows,
     bandwidth_rows,
     binary_margin,
-    check_common_params,
     discover_classes,
     labels_for_file,
     r2_score_any,
@@ -35,12 +33,12 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.history import (
     EpochMonitor,
-    check_early_stopping_params,
     history_meta,
     set_history,
     split_validation,
     validation_score,
 )
+from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
@@ -67,72 +65,8 @@ _CURVATURE = {**_STEP_SCALE, "softmax": 2.0}
 _PRECONDITIONER_ROWS = 4000
 _PRECONDITIONER_PAIRS = 513
 
-_DOC_PARAMS = """
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-        Kernel scale; "auto" is the median heuristic on a sample of rows.
-    n_features : int, default=4096
-        Size D of the feature pool: after D / block_size steps, existing seeds
-        are revisited (block-coordinate SGD on a fixed pool).  Rounded up to
-        whole blocks; the pool's size is ``n_features_``.
-    block_size : int, default=256
-        Features B drawn per step (one seed).
-    alpha : float, default=1e-6
-        Regularisation strength nu: every step shrinks old blocks by (1 - gamma nu).
-    batch_size : int or "auto", default="auto"
-        Rows per step, spread over ``lanes`` chunks.  "auto" with the
-        preconditioner: ``lanes`` x rows whose D features are 2^27 feature
-        evaluations (65536 rows at D = 2048, clipped to [1024, 65536]), wide
-        enough that a step's compute dwarfs its fixed cost; without it, 512.
-        Stored as ``batch_size_``.
-    n_epochs : int, default=5
-    step_size : float or "auto", default="auto"
-        gamma_0.  "auto": with the preconditioner c_loss eta(batch) / 2, eta
-        EigenPro's step for the preconditioned spectrum; without it,
-        c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
-        operator on a 1000-row sample; either with alpha's curvature added,
-        1 / (1 / gamma + alpha), so that the ridge term's shrink
-        1 - gamma alpha stays in (0, 1).  Stored as ``step_size_``.  A step
-        that makes the loss blow up is undone and halved (recorded in
-        ``step_backoffs_``).
-    step_decay : float, default=1e-3
-        gamma_t = step_size / (1 + step_decay * t).
-    preconditioner : {"eigenpro", None}, default="eigenpro"
-        "eigenpro": every step updates the whole pool through EigenPro's
-        preconditioner, the top eigenpairs of the pool's feature covariance
-        on a 4000-row sample (q_ of them, so that the critical batch reaches
-        ``batch_size``).  None: Dai et al.'s Alg. 1 as printed, one block of
-        B features per step.
-    lanes : int or "auto", default="auto"
-        Chunks sharing one step (parallel width; the model depends on it, not
-        on the number of workers).  "auto" is one per worker thread; stored as
-        ``lanes_`` (pass it back to reproduce the fit on another cluster).
-    random_state : int, RandomState, Generator or None, default=0
-        Global seed of features and shuffling; anything but an int is turned
-        into one integer seed at fit, stored as ``random_state_``.
-    client : distributed.Client, optional
-        Cluster to run on; None means the current client or a new LocalCluster.
-    verbose : bool, default=False
-        Progress line on stderr.
-    checkpoint : str, optional
-        Checkpoint file written every ``checkpoint_every`` steps; with
-        ``resume=True`` a fit continues from it and ends with the same model.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows, score the model on them
-        after each epoch (accuracy, or R^2 for regression), stop after
-        ``n_iter_no_change`` epochs without improvement and keep the best
-        epoch's coefficients (as :class:`EigenProClassifier` does).
-    validation_fraction : float, default=0.1
-    n_iter_no_change : int, default=2
-    average : bool, default=False
-        Return the average of all iterates, (1/t) sum_i f_i, instead of the
-        last one, as scikit-learn's ``SGDRegressor(average=True)``; Dai et
-        al.'s O(1/t) figure (Fig. 4(2)) is of this average.  It costs
-        O(coefficients changed) a step: one block without the
-        preconditioner, all D with it.
-"""
-
-_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
+_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : int or float
+        The resolved settings (saved with the model).
     step_backoffs_ : list of dict
         Steps the divergence guard undid and halved (empty when none).
     history_ : list of dict
@@ -165,53 +99,22 @@ class _DSGBase(BaseEstimator):
                  resume: bool = False, early_stopping: bool = False,
                  validation_fraction: float = 0.1, n_iter_no_change: int = 2,
                  average: bool = False) -> None:
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.block_size = block_size
-        self.loss = loss
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.preconditioner = preconditioner
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.average = average
+        self._store_params(locals())
 
     def _check_params(self) -> None:
-        check_common_params(self)
-        if not isinstance(self.average, (bool, np.bool_)):
-            raise ValueError(f"average must be True or False, got {self.average!r}")
-        check_positive("block_size", self.block_size, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-            if float(self.step_size) * float(self.alpha) >= 2:
-                # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
-                # step shrinks the zero model by 1 - 1 = 0, later ones by less)
-                raise ValueError(
-                    f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
-                    f"the ridge term alone makes the first steps diverge (each scales the model "
-                    f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
-                    f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
-        check_positive("step_decay", self.step_decay, allow_zero=True)
-        if self.lanes != "auto":
-            check_positive("lanes", self.lanes, integer=True)
-        if self.preconditioner not in ("eigenpro", None):
-            raise ValueError(f"preconditioner must be 'eigenpro' or None, got {self.preconditioner!r}")
-        check_early_stopping_params(self)
+        super()._check_params()
+        if self.step_size != "auto" and float(self.step_size) * float(self.alpha) >= 2:
+            # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
+            # step shrinks the zero model by 1 - 1 = 0, later ones by less)
+            raise ValueError(
+                f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
+                f"the ridge term alone makes the first steps diverge (each scales the model "
+                f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
+                f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
-            raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
+            raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of "
+                             f"{', '.join(allowed)}")
         self._loss_spec()  # checks epsilon / quantile
 
     def _loss_spec(self) -> LossSpec:
@@ -271,8 +174,8 @@ class _DSGBase(BaseEstimator):
                         float(self.alpha))
                 else:
                     self.step_size_ = float(self.step_size)
-                program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
-                                     self.step_size_, float(self.step_decay),
+                program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
+                                     float(self.alpha), self.step_size_, float(self.step_decay),
                                      average=bool(self.average))
             monitor = self._epoch_monitor(engine, program, val, features, encoding)
             state = engine.run_steps(
@@ -317,8 +220,9 @@ class _DSGBase(BaseEstimator):
         # the loss's full curvature, where a large alpha keeps f (softmax, alpha = 1e-2:
         # the loss rose epoch after epoch).  alpha << lambda_{q+1} changes nothing.
         shift = _CURVATURE[self._loss] * float(self.alpha)
-        return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha), self.step_size_,
-                          float(self.step_decay), preconditioner=pre.shifted(shift), beta=beta + shift,
+        return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
+                          self.step_size_, float(self.step_decay),
+                          preconditioner=pre.shifted(shift), beta=beta + shift,
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
                           average=bool(self.average))
 
@@ -360,7 +264,8 @@ class _DSGBase(BaseEstimator):
         lazy for dask input."""
         features, coef = self.features_, self.coef_.astype(self.features_.dtype)
         c = coef.shape[1]
-        f = apply_rows(lambda Xb: _decision_block(Xb, features, coef), X, c, np.dtype(features.dtype))
+        f = apply_rows(lambda Xb: _decision_block(Xb, features, coef), X, c,
+                       np.dtype(features.dtype))
         return f[:, 0] if c == 1 else f
 
     # model files --------------------------------------------------------------
@@ -413,29 +318,13 @@ def _decision_spec(Xb: Any, spec: dict) -> Any:
     return _decision_block(Xb, spec["features"], spec["coef"])
 
 
+@documented
 class DSGRegressor(RegressorMixin, _DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
     With ``loss="squared"`` this is kernel ridge regression; "huber",
     "epsilon_insensitive" and "quantile" are also available.
 
-    Parameters
-    ----------
-    loss : str, default=None (meaning "squared")
-    epsilon : float, default=0.1
-        Threshold of the "huber" loss (quadratic within epsilon of the target,
-        linear beyond) and half-width of the "epsilon_insensitive" tube, as in
-        scikit-learn's ``SGDRegressor``.  Ignored by the other losses.
-    quantile : float, default=0.5
-        Level tau in (0, 1) of the "quantile" (pinball) loss, as in
-        scikit-learn's ``QuantileRegressor``: the fit estimates the tau-quantile
-        of y given x.  Ignored by the other losses.
-    posterior_variance : bool, default=False
-        Also fit the Gaussian-process posterior variance (Dai et al. App. D),
-        for ``predict(X, return_std=True)``: one more pass and a
-        n_features x n_features eigendecomposition (n_features <= 8192).
-        Squared loss only (the GP mean).
-{_DOC_PARAMS}
     Attributes
     ----------
     coef_ : ndarray (n_features_, n_outputs)
@@ -465,9 +354,7 @@ class DSGRegressor(RegressorMixin, _DSGBase):
     def __init__(self, *, epsilon: float = 0.1, quantile: float = 0.5,
                  posterior_variance: bool = False, **params: Any) -> None:
         super().__init__(**params)
-        self.epsilon = epsilon
-        self.quantile = quantile
-        self.posterior_variance = posterior_variance
+        self._store_params(locals())
 
     # get_params / clone / repr read the signature: the shared parameters of
     # _DSGBase plus the regressor's own (one list of defaults, in _DSGBase)
@@ -477,7 +364,8 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         y = data.y
         mean = (data.host[1].mean(axis=0) if data.host is not None
                 else client.compute(y.astype(np.float64).mean(axis=0)).result())
-        return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
+        return TargetEncoding("regression",
+                              offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def fit(self, X: Any, y: Any = None) -> DSGRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``); with
@@ -549,6 +437,7 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         return r2_score_any(y, self.predict(X))
 
 
+@documented
 class DSGClassifier(ClassifierMixin, _DSGBase):
     __doc__ = f"""Kernel classification by doubly stochastic functional gradients.
 
@@ -556,10 +445,6 @@ class DSGClassifier(ClassifierMixin, _DSGBase):
     (SVM), "squared_hinge" and "logistic" train one-vs-rest scores on shared
     features (one +-1 column for two classes).
 
-    Parameters
-    ----------
-    loss : str, default=None (meaning "softmax")
-{_DOC_PARAMS}
     Attributes
     ----------
     classes_ : ndarray

@@ -7,7 +7,6 @@ import math
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
 import dask
@@ -16,7 +15,6 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 
 from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.data.validate import check_positive
 from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
 from dkernel.estimators.base import (
@@ -24,7 +22,6 @@ from dkernel.estimators.base import (
     accuracy_any,
     bandwidth_rows,
     binary_margin,
-    check_common_params,
     discover_classes,
     graph_value,
     labels_for_file,
@@ -38,13 +35,13 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.history import (
     EpochMonitor,
-    check_early_stopping_params,
     history_meta,
     set_history,
     split_validation,
     validation_score,
 )
 from dkernel.estimators.history import subset_rows as _subset
+from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.kernels import kernel_diagonal_max
 from dkernel.solvers.eigenpro import (
@@ -61,7 +58,6 @@ from dkernel.solvers.eigenpro_rf import (
 )
 from dkernel.solvers.falkon import FalkonPreconditioner, center_kernel, falkon_partial, falkon_solve
 from dkernel.solvers.kernel_rows import (
-    CACHE_MODES,
     FillLost,
     kernel_rows_key,
     symmetric_fill,
@@ -132,77 +128,36 @@ class _EigenProBase(BaseEstimator):
     _task = ""
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
-                 n_centers: int | None = None, n_features: int | None = None,
-                 alpha: float | None = None, q: int | None = None,
-                 subsample_size: int | None = None, damping: float | None = None,
-                 batch_size: int | None = None, step_size: float | None = None,
-                 max_batch: int | None = None, n_epochs: int = 10, block_size: int = 1024,
+                 n_centers: int | str = "auto", n_features: int | str = "auto",
+                 alpha: float | str = "auto", q: int | str = "auto",
+                 subsample_size: int | str = "auto", damping: float | str = "auto",
+                 batch_size: int | str = "auto", step_size: float | str = "auto",
+                 max_batch: int | str = "auto", n_epochs: int = 10, block_size: int = 1024,
                  kernel_cache: str = "auto", early_stopping: bool = False,
                  validation_fraction: float = 0.1, n_iter_no_change: int = 2,
                  lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
                  resume: bool = False) -> None:
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_centers = n_centers
-        self.n_features = n_features
-        self.alpha = alpha
-        self.q = q
-        self.subsample_size = subsample_size
-        self.damping = damping
-        self.batch_size = batch_size
-        self.step_size = step_size
-        self.max_batch = max_batch
-        self.n_epochs = n_epochs
-        self.block_size = block_size
-        self.kernel_cache = kernel_cache
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+        self._store_params(locals())
 
     # checks -------------------------------------------------------------------
     def _check_params(self) -> None:
-        # n_features / batch_size may be None here (automatic), so only the shared ones
-        check_common_params(SimpleNamespace(kernel=self.kernel, bandwidth=self.bandwidth,
-                                            n_epochs=self.n_epochs, random_state=self.random_state,
-                                            resume=self.resume))
-        for name in ("n_features", "batch_size"):
-            if getattr(self, name) is not None:
-                check_positive(name, getattr(self, name), integer=True)
-        if self.n_centers is not None and self.n_features is not None:
-            raise ValueError("give n_centers (kernel form) or n_features (random-feature form), not both")
-        for name in ("n_centers", "q", "subsample_size", "max_batch", "block_size", "lanes",
-                     "n_iter_no_change"):
-            if getattr(self, name) is not None and not (name == "lanes" and self.lanes == "auto"):
-                check_positive(name, getattr(self, name), integer=True)
-        if self.step_size is not None:
-            check_positive("step_size", self.step_size)
-        if self.alpha is not None:
-            check_positive("alpha", self.alpha)
-            if self.step_size is not None and float(self.step_size) * float(self.alpha) >= 2:
-                raise ValueError(
-                    f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
-                    f"the ridge term alone makes the steps diverge (each scales the model by "
-                    f"1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
-                    f"{2 / float(self.alpha):.3g}, or leave it None")
-        if self.damping is not None and not (0 < self.damping <= 1):
-            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
-        if self.kernel_cache not in ("auto",) + CACHE_MODES:
-            raise ValueError(f"kernel_cache={self.kernel_cache!r}; choose 'auto', "
-                             + ", ".join(repr(m) for m in CACHE_MODES))
-        check_early_stopping_params(self)
+        super()._check_params()
+        if self._given("n_centers") is not None and self._given("n_features") is not None:
+            raise ValueError("give n_centers (kernel form) or n_features (random-feature form), "
+                             "not both")
+        step, alpha = self._given("step_size"), self._given("alpha")
+        if step is not None and alpha is not None and float(step) * float(alpha) >= 2:
+            raise ValueError(
+                f"step_size * alpha = {float(step) * float(alpha):.3g} >= 2: the ridge term "
+                f"alone makes the steps diverge (each scales the model by 1 - step_size * "
+                f"alpha <= -1); set step_size below 2 / alpha = {2 / float(alpha):.3g}, or "
+                "leave it 'auto'")
 
     @property
     def _form(self) -> str:
-        return "features" if self.n_features is not None else "kernel"
+        return "features" if self._given("n_features") is not None else "kernel"
 
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
         raise NotImplementedError
@@ -254,32 +209,32 @@ class _EigenProBase(BaseEstimator):
         """Every row a center (Table 2) when p >= n, else every row in the Nystrom
         objective over p sampled centers (FALKON); either way all n rows are used."""
         n = data.n_rows
-        if self.n_centers is not None:
-            p = min(int(self.n_centers), n)
+        if self._given("n_centers") is not None:
+            p = min(int(self._given("n_centers")), n)
         else:
             p = n if n <= _MAX_AUTO_CENTERS else _AUTO_NYSTROM_CENTERS
         if p < n:
             self._fit_nystrom(engine, client, data, val, bandwidth, encoding, rng, p)
             return
-        ridge = 0.0 if self.alpha is None else float(self.alpha)
+        ridge = 0.0 if self._given("alpha") is None else float(self._given("alpha"))
         mode = self._cache_mode(client, data, p)
         # the fill reads every chunk on its home anyway: the centers come from those reads
         chunks, homes = engine.resident_chunks(data) if mode != "off" else (None, None)
         centers = _rows_as_float32(data, client, chunks)
-        s = min(p, self.subsample_size or (_KERNEL_SUBSAMPLE if n < 100_000 else 12_000))
+        s = min(p, self._given("subsample_size") or (_KERNEL_SUBSAMPLE if n < 100_000 else 12_000))
         sub_idx = np.sort(rng.choice(p, size=s, replace=False))
-        damping = 0.95 if self.damping is None else float(self.damping)
+        damping = 0.95 if self._given("damping") is None else float(self._given("damping"))
         beta = kernel_diagonal_max(self.kernel)
-        max_batch = int(self.max_batch or min(s, p))
+        max_batch = int(self._given("max_batch") or min(s, p))
         # a fixed number of chunks (not one per worker): sums must not depend on the cluster
         pre, eig = subsample_preconditioner(engine, centers[sub_idx], self.kernel, bandwidth,
-                                            q=self.q, damping=damping, beta=beta,
+                                            q=self._given("q"), damping=damping, beta=beta,
                                             max_batch=max_batch, n_chunks=16,
                                             random_state=self.random_state_)
         q = pre.q
         # alpha raises the operator's eigenvalues by alpha (solvers.eigenpro's docstring)
         m_star = critical_batch(beta + ridge, pre.new_top + ridge)
-        batch = int(self.batch_size or max(1, min(int(m_star), max_batch, p)))
+        batch = int(self._given("batch_size") or max(1, min(int(m_star), max_batch, p)))
         token = dask.base.tokenize(data.X.name, self.kernel, bandwidth, p)
         resident = None
         if chunks is not None:  # K(X, X) is symmetric: each chunk pair's block once, before epoch 1
@@ -297,10 +252,10 @@ class _EigenProBase(BaseEstimator):
             if self.verbose:
                 print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "
                       f"{time.perf_counter() - t_fill:.1f}s", flush=True)
-        program = KernelEigenProProgram(centers, sub_idx, pre, self.kernel, bandwidth, encoding, beta,
-                                        data.row_offsets(), mode, token, ridge=ridge)
-        if self.step_size is not None:
-            program.eta_override = float(self.step_size)
+        program = KernelEigenProProgram(centers, sub_idx, pre, self.kernel, bandwidth, encoding,
+                                        beta, data.row_offsets(), mode, token, ridge=ridge)
+        if self._given("step_size") is not None:
+            program.eta_override = float(self._given("step_size"))
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
@@ -327,7 +282,7 @@ class _EigenProBase(BaseEstimator):
         preconditioned CG (:mod:`dkernel.solvers.falkon`); one epoch = one CG
         iteration = one pass over every row."""
         n = data.n_rows
-        given = [name for name in _SGD_ONLY if getattr(self, name) is not None]
+        given = [name for name in _SGD_ONLY if self._given(name) is not None]
         if given:  # refused, as alpha is on the other route: a setting is used or refused
             raise ValueError(
                 f"{', '.join(given)} set the SGD iteration used when every row is a center; with "
@@ -339,7 +294,7 @@ class _EigenProBase(BaseEstimator):
                              f"the all-rows solve (n_centers={p} < {n} rows) runs "
                              f"n_epochs={self.n_epochs} passes without them: drop "
                              "checkpoint_every/resume or set n_centers >= n")
-        lam = _DEFAULT_RIDGE if self.alpha is None else float(self.alpha)
+        lam = _DEFAULT_RIDGE if self._given("alpha") is None else float(self._given("alpha"))
         idx = np.sort(rng.choice(n, size=p, replace=False))
         centers = _rows_as_float32(_subset(data, idx), client)
         t0 = time.perf_counter()
@@ -408,9 +363,9 @@ class _EigenProBase(BaseEstimator):
                   flush=True)
 
     def _rf_subsample(self, data: Dataset) -> int:
-        B = min(int(self.block_size), int(self.n_features))
-        D = math.ceil(int(self.n_features) / B) * B  # as _fit_features builds the map
-        return min(data.n_rows, int(self.subsample_size or rf_subsample(D)))
+        B = min(int(self.block_size), int(self._given("n_features")))
+        D = math.ceil(int(self._given("n_features")) / B) * B  # as _fit_features builds the map
+        return min(data.n_rows, int(self._given("subsample_size") or rf_subsample(D)))
 
     def _fit_features(self, engine: Engine, data: Dataset, val: Dataset | None, bandwidth: float,
                       encoding: TargetEncoding, sample: np.ndarray | None,
@@ -418,34 +373,36 @@ class _EigenProBase(BaseEstimator):
         """EigenPro-RF (Table 1).  ``sample``: the preconditioner's rows when the
         caller read them already (in ``read_seconds``, counted in
         ``preconditioner_seconds_``), else None."""
-        B = min(int(self.block_size), int(self.n_features))
-        n_blocks = math.ceil(int(self.n_features) / B)
+        B = min(int(self.block_size), int(self._given("n_features")))
+        n_blocks = math.ceil(int(self._given("n_features")) / B)
         D = n_blocks * B
         features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
-        tau = 0.25 if self.damping is None else float(self.damping)  # paper 4.1: tau = 1/4 for RF
+        # paper 4.1: tau = 1/4 for RF
+        tau = 0.25 if self._given("damping") is None else float(self._given("damping"))
         self.lanes_ = engine.pin_lanes(data)
-        max_batch = int(self.max_batch or default_batch(self.lanes_, D, data.n_rows))
+        max_batch = int(self._given("max_batch") or default_batch(self.lanes_, D, data.n_rows))
         # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
         s = self._rf_subsample(data)
         t0 = time.perf_counter()
         if sample is None:  # rows held out for early stopping are not sampled
             sample = sample_rows(data, self.random_state_, engine.client, size=s)
         pre, beta, eig = feature_preconditioner(
-            engine, sample, features, n_blocks, min(D, _RF_PAIRS if D <= _RF_DENSE_MAX else _RF_PAIRS_RANDOMIZED),
+            engine, sample, features, n_blocks,
+            min(D, _RF_PAIRS if D <= _RF_DENSE_MAX else _RF_PAIRS_RANDOMIZED),
             max_batch, tau, self.random_state_,
-            q=self.q, label="eigenpro-rf preconditioner")
+            q=self._given("q"), label="eigenpro-rf preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0 + read_seconds
         q = pre.q
-        ridge = 0.0 if self.alpha is None else float(self.alpha)
+        ridge = 0.0 if self._given("alpha") is None else float(self._given("alpha"))
         # P, beta, m* and eta of H + alpha I, the curvature of the penalised objective
         # (solvers.eigenpro_rf's docstring)
         shifted = pre.shifted(ridge)
         m_star = critical_batch(beta + ridge, shifted.new_top)
-        batch = int(self.batch_size or max(1, min(int(m_star), max_batch, data.n_rows)))
+        batch = int(self._given("batch_size") or max(1, min(int(m_star), max_batch, data.n_rows)))
         program = FeatureEigenProProgram(features, n_blocks, shifted, encoding, beta + ridge,
                                          cache_blocks=int(self.n_epochs) > 1, ridge=ridge)
-        if self.step_size is not None:
-            program.eta_override = float(self.step_size)
+        if self._given("step_size") is not None:
+            program.eta_override = float(self._given("step_size"))
         evaluate = None
         if val is not None:
             def evaluate(state: dict) -> float:
@@ -484,9 +441,9 @@ class _EigenProBase(BaseEstimator):
         workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
         if not workers:
             return "off"
-        budgets = dict(zip(workers, client.gather([client.submit(worker_cache.budget, workers=[w],
-                                                                 allow_other_workers=False, pure=False)
-                                                   for w in workers])))
+        budgets = dict(zip(workers, client.gather([
+            client.submit(worker_cache.budget, workers=[w], allow_other_workers=False, pure=False)
+            for w in workers])))
         share = np.zeros(len(workers))
         for c, rows in enumerate(data.row_chunks):  # the engine homes chunk c on worker c % n
             share[c % len(workers)] += rows
@@ -510,7 +467,7 @@ class _EigenProBase(BaseEstimator):
         self.batch_size_ = int(batch)
         self.critical_batch_ = float(m_star)
         self.beta_ = float(beta)
-        eta = (self.step_size if self.step_size is not None
+        eta = (self._given("step_size") if self._given("step_size") is not None
                else step_size(batch, beta + ridge, lam_new + ridge))
         self.step_size_ = float(eta)
         self.eigensolver_ = method
@@ -535,7 +492,8 @@ class _EigenProBase(BaseEstimator):
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
             spec_d = graph_value(spec)
-            parts = [da.from_delayed(dask.delayed(_predict_block)(b, spec_d), shape=(rows, c), dtype=np.float32)
+            parts = [da.from_delayed(dask.delayed(_predict_block)(b, spec_d), shape=(rows, c),
+                                     dtype=np.float32)
                      for b, rows in zip(X.to_delayed().ravel(), X.chunks[0])]
             f = da.concatenate(parts, axis=0)
         else:
@@ -547,8 +505,8 @@ class _EigenProBase(BaseEstimator):
             return {"kind": "kernel", "centers": self.centers_, "kernel": self.kernel,
                     "bandwidth": self.bandwidth_, "coef": self.coef_}
         B = self.features_.block_size
-        return {"kind": "features", "features": self.features_, "n_blocks": self.coef_.shape[0] // B,
-                "coef": self.coef_}
+        return {"kind": "features", "features": self.features_,
+                "n_blocks": self.coef_.shape[0] // B, "coef": self.coef_}
 
     # model files ---------------------------------------------------------------------
     def _get_model_state(self) -> tuple[dict, dict]:
@@ -562,7 +520,8 @@ class _EigenProBase(BaseEstimator):
             arrays["eigenvalues"] = self.eigenvalues_
         meta = {"form": self.form_, "encoding": e.kind, "bandwidth": self.bandwidth_,
                 "n_features_in": self.n_features_in_, "q": self.q_, "batch_size": self.batch_size_,
-                "critical_batch": self.critical_batch_, "step_size": self.step_size_, "beta": self.beta_,
+                "critical_batch": self.critical_batch_, "step_size": self.step_size_,
+                "beta": self.beta_,
                 "eigensolver": self.eigensolver_, "kernel_cache": self.kernel_cache_,
                 "subsample_size": self.subsample_size_,
                 "lanes": getattr(self, "lanes_", None),
@@ -595,8 +554,8 @@ class _EigenProBase(BaseEstimator):
         self.n_features_in_ = meta["n_features_in"]
         self.eigenvalues_ = arrays.get("eigenvalues")
         self.q_, self.batch_size_ = meta["q"], meta["batch_size"]
-        self.critical_batch_, self.step_size_, self.beta_ = (meta["critical_batch"], meta["step_size"],
-                                                             meta["beta"])
+        self.critical_batch_, self.step_size_ = meta["critical_batch"], meta["step_size"]
+        self.beta_ = meta["beta"]
         self.eigensolver_, self.kernel_cache_ = meta["eigensolver"], meta["kernel_cache"]
         self.subsample_size_ = meta["subsample_size"]
         self.lanes_ = meta.get("lanes")
@@ -625,6 +584,7 @@ def _rows_as_float32(data: Dataset, client: Any, chunks: dict | None = None) -> 
     return np.ascontiguousarray(client.compute(data.X.astype(np.float32)).result())
 
 
+@documented
 class EigenProRegressor(RegressorMixin, _EigenProBase):
     """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
 
@@ -642,62 +602,6 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
     form (``n_features=D``): EigenPro-RF, Table 1, a bounded model for data of
     any size.  The preconditioners are computed once; q, the batch size and
     the step size are chosen from the eigenvalues unless given.
-
-    Parameters
-    ----------
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-    n_centers : int, optional
-        p kernel centers.  None: every row when n <= 100 000, else 20 000
-        sampled rows (the all-rows solve factorises a p x p matrix on the
-        client, O(p^3)).  Fewer centers than rows never drops rows: every row
-        is fitted through the Nystrom objective.
-    alpha : float, optional
-        Ridge penalty, the same on every route: min (1/n) |K a - y|^2 +
-        alpha a^T K a (Rudi et al. eq. 8; K_nM and K_MM with fewer centers than
-        rows, |theta|^2 for the random-feature form), whose every-row-a-center
-        solution is scikit-learn's ``KernelRidge(alpha=n * alpha)``.  The SGD
-        routes' step and critical batch count alpha's curvature (beta + alpha,
-        lambda' + alpha).  None: 1e-6 in the all-rows solve, 0 on the SGD
-        routes (they interpolate; ``n_epochs`` regularises them).
-    n_features : int, optional
-        D random features: selects the random-feature form.
-    q : int, optional
-        Eigen-directions flattened; None: the largest q whose critical batch
-        m* = beta / lambda' + 1 is at most ``max_batch``.
-    subsample_size : int, optional
-        s rows for the preconditioner.  None: kernel form 4096 (the most
-        with exact eigenpairs) if n < 1e5 else 12000; random features
-        max(8000, 6 n_features) up to 4096 features, else 8000
-        (:func:`rf_subsample`).  Recorded as ``subsample_size_``.
-    damping : float, optional
-        Kernel form: exponent alpha of (lambda_{q+1} / lambda_i) (default 0.95);
-        random features: tau of Table 1 (default 0.25).
-    batch_size, step_size : optional
-        Overrides of m (default min(m*, max_batch)) and eta (docs/design.md §2.4).
-    max_batch : int, optional
-        Cap on the automatic batch size (default s for the kernel form, 2000 for features).
-    n_epochs : int, default=10
-        Passes over the data: SGD epochs, or conjugate-gradient iterations of
-        the all-rows solve.
-    block_size : int, default=1024
-        Features per seeded block (random-feature form).
-    kernel_cache : {"auto", "float32", "fixed16", "bfloat16", "off"}, default="auto"
-        Keep the kernel rows K(X_c, C) on the workers: "auto" picks float32 when
-        every worker's share fits its cache budget, else fixed16 (k in [0, 1]
-        as round(65535 k): absolute error <= 2^-17) if that fits, else
-        recomputes rows each step ("off").  "bfloat16" (relative error 2^-9)
-        stays selectable; on Fashion-MNIST its rounding raised the training
-        loss after epoch 7 (0.080 -> 0.093; fixed16 falls to 0.033) and cost
-        0.4 points of test accuracy.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows, score after each epoch
-        (accuracy, or R^2 for regression), stop after ``n_iter_no_change``
-        epochs without improvement and keep the best epoch's model.
-    validation_fraction : float, default=0.1
-    n_iter_no_change : int, default=2
-    lanes, random_state, client, verbose, checkpoint, checkpoint_every, resume
-        As in the other estimators.
 
     Attributes
     ----------
@@ -735,7 +639,8 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
         mean = (data.host[1].mean(axis=0) if data.host is not None
                 else client.compute(data.y.astype(np.float64).mean(axis=0)).result())
-        return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
+        return TargetEncoding("regression",
+                              offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def predict(self, X: Any) -> Any:
         """f(X) + mean(y) in float64 (f is float32, like the feature path: the mean
@@ -752,10 +657,11 @@ class EigenProRegressor(RegressorMixin, _EigenProBase):
         return r2_score_any(y, self.predict(X))
 
 
+@documented
 class EigenProClassifier(ClassifierMixin, _EigenProBase):
     """Kernel classification by EigenPro iteration on one-hot targets (square
-    loss, as in the paper); predicts the arg-max class.  Parameters as
-    :class:`EigenProRegressor`.
+    loss, as in the paper); predicts the arg-max class.  The routes, their
+    parameters and attributes are :class:`EigenProRegressor`'s.
 
     Examples
     --------

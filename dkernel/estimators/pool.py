@@ -9,12 +9,10 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.dataset import Dataset
-from dkernel.data.validate import check_positive
 from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    check_common_params,
     resolve_bandwidth,
     resolve_random_state,
     sample_rows,
@@ -25,66 +23,14 @@ from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
 
-POOL_DOC = """
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-        Kernel scale; "auto" is the median heuristic on a sample of rows.
-    n_features : int, default=2048
-        Size D of the random feature pool; f = z^T w with z.z ~ k.
-    block_size : int, default=256
-        Features per seed (block) of the pool.
-    batch_size : int or "auto", default="auto"
-        Rows per step, spread over ``lanes`` chunks: each lane's local step
-        takes ceil(batch_size / lanes) of its rows.  "auto": 256 a lane, at
-        least 512 (a local step of a few rows is Python overhead, not compute).
-        Stored as ``batch_size_``.
-    n_epochs : int, default=5
-    step_decay : float or "auto", default="auto"
-        gamma_t = step_size / (1 + step_decay * t).  "auto" is nu * step_size
-        (nu the strong convexity, ``nu`` or ``alpha``), so that gamma_t tends
-        to 1 / (nu t), the rate-optimal schedule of Pegasos and of Dai et
-        al.'s theorems, without their huge first steps.  The model is the
-        polynomial-decay average of the iterates (Shamir & Zhang 2013).
-    lanes : int or "auto", default="auto"
-        Chunks sharing one round (parallel width; the model depends on it, not
-        on the number of workers).  "auto" is one per worker thread; stored as
-        ``lanes_`` (pass it back to reproduce the fit on another cluster).
-    local_steps : int or "auto", default="auto"
-        Steps each lane takes on its own rows between two averages of the
-        lanes' iterates (a round, one engine step: local SGD).  1 is the
-        synchronous step on the whole batch.  "auto": a lane's round is about
-        2^27 feature evaluations (65536 rows at n_features=2048, 128 local
-        steps of 512 rows), so its compute dwarfs the round trip, but at least
-        8 rounds an epoch.  Stored as ``local_steps_``.
-    random_state : int, RandomState, Generator or None, default=0
-        Global seed of features and shuffling; anything but an int is turned
-        into one integer seed at fit, stored as ``random_state_``.
-    client : distributed.Client, optional
-        Cluster to run on; None means the current client or a new LocalCluster.
-    verbose : bool, default=False
-    checkpoint, checkpoint_every, resume
-        Checkpoint file, interval in steps, and whether to continue from it.
-"""
-
 
 class PoolEstimator(BaseEstimator):
     """Fit plumbing for a :class:`PoolProgram`; subclasses build the program."""
 
-    def _check_pool_params(self) -> None:
-        check_common_params(self)
-        check_positive("block_size", self.block_size, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-        if self.step_decay != "auto":
-            check_positive("step_decay", self.step_decay, allow_zero=True)
-        for name in ("lanes", "local_steps"):
-            if getattr(self, name) != "auto":
-                check_positive(name, getattr(self, name), integer=True)
-
     def _start_fit(self, X: Any) -> Any:
         """Check the settings and X (in-memory X through scikit-learn's checks, which
         set ``n_features_in_`` and ``feature_names_in_``) and resolve the seed."""
-        self._check_pool_params()
+        self._check_params()
         X, _, _ = validate_fit_input(self, X, None, target="none")
         self.random_state_ = resolve_random_state(self.random_state)
         return X
