@@ -10,8 +10,8 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.engine import connect
 from dkernel.estimators.base import validate_predict_input
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
@@ -56,7 +56,7 @@ class DSGDensityRatio(PoolEstimator):
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:
         """Fit log p/q from a sample of p (numerator) and a sample of q (denominator)."""
-        X_numerator = self._start_fit(X_numerator)
+        fit = FitContext(self, X_numerator, target="none")
         if hasattr(self, "n_features_in_"):  # in-memory numerator: the same columns, by name too
             path = isinstance(X_denominator, (str, os.PathLike))
             width = () if path else np.shape(X_denominator)[1:2]
@@ -65,7 +65,7 @@ class DSGDensityRatio(PoolEstimator):
                                  f"has {width[0]}; both samples must have the same features")
             X_denominator = validate_predict_input(self, X_denominator, "X_denominator",
                                                    finite=False)
-        data, n_p, n_q = _two_samples(X_numerator, X_denominator, self.random_state_)
+        fit.data, n_p, n_q = _two_samples(fit.X, X_denominator, self.random_state_)
         n = n_p + n_q
         alpha = float(self.alpha)
 
@@ -77,8 +77,8 @@ class DSGDensityRatio(PoolEstimator):
             return DensityRatioProgram(features, n_blocks, alpha, step, decay,
                                        weight_numerator=n / n_p, weight_denominator=n / n_q)
 
-        with connect(self.client) as client:
-            self._fit_program(data, client, program)
+        with fit:
+            self._fit_pool(fit, program)
         self.n_numerator_, self.n_denominator_ = n_p, n_q
         return self
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dask.array as da
@@ -13,8 +11,8 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.metaestimators import available_if
 
-from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.engine import Engine, connect
+from dkernel.data.dataset import Dataset
+from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
     accuracy_any,
@@ -24,18 +22,14 @@ from dkernel.estimators.base import (
     discover_classes,
     labels_for_file,
     r2_score_any,
-    resolve_bandwidth,
-    resolve_random_state,
     sample_rows,
     score_targets,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import (
-    EpochMonitor,
     history_meta,
     set_history,
-    split_validation,
     validation_score,
 )
 from dkernel.estimators.spec import documented
@@ -131,38 +125,23 @@ class _DSGBase(BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
-        self._check_params()
-        # scikit-learn contract: validation, label codes, the integer seed ------------
-        X, y, labels = validate_fit_input(self, X, y, target=self._task)
-        self.random_state_ = resolve_random_state(self.random_state)
-        # -------------------------------------------------------------------------
-        data = full = open_dataset(X, y, require_y=True)
-        with connect(self.client) as client:
+        with FitContext(self, X, y, target=self._task) as fit:
+            full = fit.data
             # one read serves the bandwidth and the preconditioner (a store's
             # sample touches up to 64 chunks; reading them twice cost ~1 s a fit)
             shared = self.preconditioner == "eigenpro" and not self.early_stopping
-            # the pass over y (its mean or classes) runs on the cluster while the
-            # sample is read: both are fixed costs of every fit
-            with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(self._encoding, data, client)
-                rows = (sample_rows(data, self.random_state_, client, size=_PRECONDITIONER_ROWS)
-                        if shared else sample_rows(data, self.random_state_, client))
-                encoding = pending.result()
+            rows, encoding = fit.sample_while(lambda: self._encoding(full, fit.client),
+                                              _PRECONDITIONER_ROWS if shared else 1000)
             sample = bandwidth_rows(rows, self.random_state_) if shared else rows
-            bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
-                self.classes_ = labels
-            B = min(int(self.block_size), int(self.n_features))
-            n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
-            engine = Engine(client, self._engine_options())
-            val = None
-            if self.early_stopping:
-                data, val = split_validation(data, self.validation_fraction, self.random_state_)
-            self.lanes_ = engine.pin_lanes(data)
+            bandwidth = fit.bandwidth(sample)
+            if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
+                self.classes_ = fit.labels
+            features, n_blocks = fit.feature_map(bandwidth)
+            fit.hold_out()
+            self.lanes_ = fit.engine.pin_lanes(fit.data)
             if self.preconditioner == "eigenpro":
-                program = self._preconditioned_program(engine, data, features, n_blocks, encoding,
-                                                       rows if shared else None)
+                program = self._preconditioned_program(fit.engine, fit.data, features, n_blocks,
+                                                       encoding, rows if shared else None)
             else:
                 self.batch_size_ = 512 if self.batch_size == "auto" else int(self.batch_size)
                 self.q_ = 0
@@ -175,16 +154,12 @@ class _DSGBase(BaseEstimator):
                 else:
                     self.step_size_ = float(self.step_size)
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
-                                     float(self.alpha), self.step_size_, float(self.step_decay),
-                                     average=bool(self.average))
-            monitor = self._epoch_monitor(engine, program, val, features, encoding)
-            state = engine.run_steps(
-                data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
-                random_state=self.random_state_, on_epoch=monitor)
-            self.step_backoffs_ = list(engine.backoffs)
-            state = self._keep_history(monitor, state)
+                                     float(self.alpha), self.step_size_,
+                                     float(self.step_decay), average=bool(self.average))
+            state = fit.run_steps(program, self.batch_size_,
+                                  evaluate=self._evaluator(fit, program, features, encoding))
             self._set_fitted(features, encoding, _coef(program, state))
-            self._after_fit(full, engine)
+            self._after_fit(full, fit.engine)
         return self
 
     def _after_fit(self, data: Dataset, engine: Engine) -> None:
@@ -226,26 +201,17 @@ class _DSGBase(BaseEstimator):
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
                           average=bool(self.average))
 
-    # history and early stopping (dkernel.estimators.history) --------------------
-    def _epoch_monitor(self, engine: Engine, program: DSGProgram, val: Any, features: FeatureMap,
-                       encoding: TargetEncoding) -> EpochMonitor:
-        """The per-epoch callback: with early stopping the held-out rows ``val``
-        (``validation_fraction`` of the data) are scored after each epoch."""
-        evaluate = None
-        if val is not None:
-            def evaluate(state: dict) -> float:
-                coef = _coef(program, state).astype(features.dtype)
-                spec = {"features": features, "coef": coef}
-                return validation_score(engine, val, self._task, _decision_spec, spec,
-                                        encoding.classes, encoding.offset)
-        return EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
+    def _evaluator(self, fit: FitContext, program: DSGProgram, features: FeatureMap,
+                   encoding: TargetEncoding) -> Any:
+        """With early stopping, the score of the held-out rows after an epoch."""
+        if fit.val is None:
+            return None
 
-    def _keep_history(self, monitor: EpochMonitor, state: dict) -> dict:
-        self.history_ = monitor.history()
-        self.validation_scores_ = [e["validation_score"] for e in self.history_
-                                   if "validation_score" in e]
-        self.best_epoch_ = monitor.best_epoch
-        return monitor.final_state(state)
+        def evaluate(state: dict) -> float:
+            spec = {"features": features, "coef": _coef(program, state).astype(features.dtype)}
+            return validation_score(fit.engine, fit.val, self._task, _decision_spec, spec,
+                                    encoding.classes, encoding.offset)
+        return evaluate
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self.features_ = features
@@ -367,16 +333,14 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         return TargetEncoding("regression",
                               offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
-    def fit(self, X: Any, y: Any = None) -> DSGRegressor:
-        """Fit on X (array or store path) and y (or the store's ``y``); with
-        ``posterior_variance=True`` one more pass for the GP posterior variance."""
-        if self.posterior_variance:  # before the long part
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.posterior_variance:
             if self._loss != "squared":
                 raise ValueError(
                     f"posterior_variance=True is the Gaussian-process posterior, whose mean is "
                     f"the squared loss's fit; loss={self.loss!r} has no such model")
             gp.check_pool_size(int(self.n_features))
-        return super().fit(X, y)
 
     def _after_fit(self, data: Dataset, engine: Engine) -> None:
         if hasattr(self, "gp_factor_"):

@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.dataset import open_dataset
-from dkernel.engine import connect
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.solvers.novelty import OneClassProgram
@@ -65,16 +64,12 @@ class DSGOneClassSVM(PoolEstimator):
 
     def fit(self, X: Any, y: Any = None) -> DSGOneClassSVM:
         """Fit on X (array or store path); y is ignored."""
-        X = self._start_fit(X)
-        data = open_dataset(X)
-        data.y = None
-        nu = float(self.nu)
-        # f and tau live on the scale of k(x, x) = 1: a first step of 1 moves them by O(1)
-        step, decay = self._steps(nu, 1.0)
-        with connect(self.client) as client:
-            state = self._fit_program(
-                data, client, lambda features, n_blocks, sample: OneClassProgram(
-                    features, n_blocks, nu, step, decay))
+        with FitContext(self, X, target="none") as fit:
+            nu = float(self.nu)
+            # f and tau live on the scale of k(x, x) = 1: a first step of 1 moves them by O(1)
+            step, decay = self._steps(nu, 1.0)
+            state = self._fit_pool(fit, lambda features, n_blocks, sample: OneClassProgram(
+                features, n_blocks, nu, step, decay))
         self.offset_ = float(state["offset_avg"])
         return self
 

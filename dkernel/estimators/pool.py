@@ -8,17 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.dataset import Dataset
-from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    resolve_bandwidth,
-    resolve_random_state,
-    sample_rows,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
@@ -27,49 +22,35 @@ from dkernel.solvers.pool import PoolProgram, pool_decision
 class PoolEstimator(BaseEstimator):
     """Fit plumbing for a :class:`PoolProgram`; subclasses build the program."""
 
-    def _start_fit(self, X: Any) -> Any:
-        """Check the settings and X (in-memory X through scikit-learn's checks, which
-        set ``n_features_in_`` and ``feature_names_in_``) and resolve the seed."""
-        self._check_params()
-        X, _, _ = validate_fit_input(self, X, None, target="none")
-        self.random_state_ = resolve_random_state(self.random_state)
-        return X
-
-    def _fit_program(self, data: Dataset, client: Any, make_program: Any) -> dict[str, Any]:
+    def _fit_pool(self, fit: FitContext, make_program: Any) -> dict[str, Any]:
         """Resolve bandwidth, pool and widths, run ``make_program(features, n_blocks, sample)``."""
-        sample = sample_rows(data, self.random_state_, client)
-        bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-        B = min(int(self.block_size), int(self.n_features))
-        n_blocks = math.ceil(int(self.n_features) / B)
-        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
+        sample = fit.sample()
+        features, n_blocks = fit.feature_map(fit.bandwidth(sample))
         program: PoolProgram = make_program(features, n_blocks, sample)
-        engine = Engine(client, self._engine_options())
-        self.lanes_ = engine.pin_lanes(data)
+        data = fit.data
+        self.lanes_ = fit.engine.pin_lanes(data)
         self.batch_size_ = (max(512, 256 * self.lanes_) if self.batch_size == "auto"
                             else int(self.batch_size))
         share = math.ceil(self.batch_size_ / self.lanes_)  # one lane's rows a local step
         if self.local_steps == "auto":
             # a lane's round: DSG's rows a lane (2^27 feature evaluations), at most
             # an eighth of its rows an epoch
-            rows = min(default_batch(1, n_blocks * B, data.n_rows),
+            rows = min(default_batch(1, n_blocks * features.block_size, data.n_rows),
                        math.ceil(data.n_rows / (8 * self.lanes_)))
             self.local_steps_ = max(1, rows // share)
         else:
             self.local_steps_ = int(self.local_steps)
         program.step_rows = share
         program.cache_blocks = int(self.n_epochs) > 1
-        state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
-                                 batch_size=self.lanes_ * self.local_steps_ * share,
-                                 random_state=self.random_state_)
+        state = fit.run_steps(program, self.lanes_ * self.local_steps_ * share)
         self.features_ = features
         self.n_blocks_ = n_blocks
         self.coef_ = state["w_avg"]
         self.step_size_ = program.step_size
         self.step_decay_ = program.step_decay
-        self.history_ = engine.history
-        self.bandwidth_ = bandwidth
+        self.bandwidth_ = features.bandwidth
         self.n_features_in_ = data.n_inputs
-        self.n_features_ = n_blocks * B
+        self.n_features_ = n_blocks * features.block_size
         return state
 
     def _steps(self, strong_convexity: float, auto_step: float) -> tuple[float, float]:

@@ -10,16 +10,15 @@ from typing import Any
 import numpy as np
 from sklearn.base import RegressorMixin
 
-from dkernel.data.dataset import open_dataset
-from dkernel.engine import Engine, connect
+from dkernel.engine import EngineOptions
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
     r2_score_any,
     score_targets,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import clean_entry, history_meta, set_history
 from dkernel.estimators.spec import documented
 from dkernel.kernels.zonal import ZonalFeatures
@@ -95,10 +94,8 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> SphereRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""
-        self._check_params()
-        X, y, _ = validate_fit_input(self, X, y, target="regression",
-                                     dtype=[np.float64, np.float32])
-        data = open_dataset(X, y, require_y=True)
+        fit = FitContext(self, X, y, target="regression", dtype=[np.float64, np.float32])
+        data = fit.data
         d = sphere_dim(data.n_inputs, self.input_map)
         if d < 2:
             raise ValueError("X has 1 feature(s): normalising it onto S^0 loses everything; "
@@ -111,18 +108,20 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                                block_size=self.block_size, record_at=tuple(self.record_at or ()),
                                n_rows=data.n_rows)
         check_step(float(self.eta0), d, float(self.s), payload["max_level"])
-        # float64 chunks: the recurrences and triangular solves are checked to
-        # 1e-10 against the per-point loop, which float32 inputs cannot give.
-        options = dataclasses.replace(self._engine_options(), dtype="float64")
-        with connect(self.client) as client:
+        with fit:
             t0 = time.time()  # the folds stamp each pass's end with the same (wall) clock
-            state = Engine(client, options).scan(
+            state = fit.engine.scan(
                 data, sphere_prepare, sphere_fold, init_state(payload), payload,
                 n_epochs=int(self.n_epochs), fingerprint=fingerprint(payload), label="sphere",
                 pass_start=True)
         self._set_fitted(payload, state, data.n_inputs, N)
         self.history_ = _pass_history(state, data.n_rows, t0)
         return self
+
+    def _engine_options(self) -> EngineOptions:
+        # float64 chunks: the recurrences and triangular solves are checked to
+        # 1e-10 against the per-point loop, which float32 inputs cannot give.
+        return dataclasses.replace(super()._engine_options(), dtype="float64")
 
     def _set_fitted(self, payload: dict, state: dict, n_inputs: int, N: int) -> None:
         self.form_ = payload["form"]

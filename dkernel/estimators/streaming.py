@@ -9,17 +9,12 @@ from typing import Any
 import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
-from dkernel.data.dataset import open_dataset
-from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    resolve_bandwidth,
-    resolve_random_state,
-    sample_rows,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
@@ -93,19 +88,12 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def fit(self, X: Any, y: Any = None) -> StreamingKernelPCA:
         """One pass over X (array or store path; more on few rows, ``n_passes``);
         y is ignored."""
-        self._check_params()
-        X, _, _ = validate_fit_input(self, X, target="none")
-        self.random_state_ = resolve_random_state(self.random_state)
-        data = open_dataset(X)
-        data.y = None
-        center = bool(self.center)
-        with connect(self.client) as client:
+        with FitContext(self, X, target="none") as fit:
+            data, center = fit.data, bool(self.center)
             t0 = time.perf_counter()
-            sample = sample_rows(data, self.random_state_, client)
-            bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            B = min(256, int(self.n_features))
-            n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
+            sample = fit.sample()
+            features, n_blocks = fit.feature_map(fit.bandwidth(sample), block_size=256)
+            B = features.block_size
             auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
             self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
                                        else auto_passes)
@@ -115,28 +103,14 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 eta = oja.theorem_step(passes * data.n_rows, n_blocks * B, lam, max_sq)
             else:
                 eta = float(self.step_size)
-            payload = {
-                "features": features,
-                "n_blocks": n_blocks,
-                "eta": eta,
-                "block_rows": int(self.block_rows),
-                "n_total": passes * data.n_rows,
-                "center": center,
-            }
-            state = oja.init_state(
-                n_blocks * B, int(self.n_components), [self.random_state_, 0x0A1A], center
-            )
-            state = Engine(client, self._engine_options()).scan(
-                data,
-                oja.oja_prepare,
-                oja.oja_fold,
-                state,
-                payload,
-                n_epochs=passes,
-                fingerprint=oja.fingerprint(payload),
-                label="oja",
-                pass_start=True,
-            )
+            payload = {"features": features, "n_blocks": n_blocks, "eta": eta,
+                       "block_rows": int(self.block_rows), "n_total": passes * data.n_rows,
+                       "center": center}
+            state = oja.init_state(n_blocks * B, int(self.n_components),
+                                   [self.random_state_, 0x0A1A], center)
+            state = fit.engine.scan(data, oja.oja_prepare, oja.oja_fold, state, payload,
+                                    n_epochs=passes, fingerprint=oja.fingerprint(payload),
+                                    label="oja", pass_start=True)
         V, lam = oja.ordered(state)
         mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])
         self._set_fitted(features, n_blocks, V, lam, eta, mean)
