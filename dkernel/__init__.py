@@ -34,8 +34,11 @@ __all__ = ["__version__", *_WHERE]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _WHERE:  # a subpackage, as ``dkernel.estimators`` after ``import dkernel``
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value

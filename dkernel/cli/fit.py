@@ -13,15 +13,7 @@ import os
 import time
 from typing import Any
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    check_output,
-    cluster_options,
-    emit,
-    status,
-)
+from dkernel.cli import common
 from dkernel.estimators.params import RUNTIME, add_flag, check_values
 from dkernel.estimators.spec import AUTO_FROM, params_of
 
@@ -129,7 +121,7 @@ def _help(name: str, owners: list[tuple[str, Any]]) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
+    p = common.add_command(
         sub, "fit", "train a model on a dataset store",
         "Train a model on a zarr dataset store and save it (written atomically: "
         "a failed fit leaves no model file).")
@@ -158,8 +150,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
                    metavar="N", help="write a checkpoint every N steps (0: never)")
     c.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    add_output_args(p, overwrite=True)
-    add_cluster_args(p)
+    common.add_output_args(p, overwrite=True)
+    common.add_cluster_args(p)
     p.set_defaults(func=run, solver_options={a.dest: a.option_strings for a in g._group_actions})
 
 
@@ -167,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as "
                          "model.npz")
-    check_output(args.out, args.overwrite)
+    common.check_output(args.out, args.overwrite)
     if args.checkpoint and not (args.checkpoint_every or args.resume):
         raise ValueError("--checkpoint names the file of --checkpoint-every N / --resume; "
                          "add one of them (alone it would be ignored)")
@@ -190,24 +182,24 @@ def run(args: argparse.Namespace) -> int:
                 "--resume to continue it, or --overwrite to start over (the checkpoint is "
                 "deleted)")
         remove_file(checkpoint)
-        status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
+        common.status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
     if args.resume:
         # a mistyped path must not pass for a resumed fit: say which it is
-        status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
+        common.status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
                f"--resume: no checkpoint at {checkpoint}; starting from the first step")
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
     start = time.perf_counter()
-    with connect(**cluster_options(args)) as client:
+    with connect(**common.cluster_options(args)) as client:
         est.set_params(client=client)
         est.fit(args.store)
     seconds = time.perf_counter() - start
     est.set_params(client=None)
     est.save(args.out)
     remove_file(checkpoint)  # a local path or a URL (s3://...)
-    status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
+    common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
     if args.json:
-        emit(args, {"model": args.out, "estimator": type(est).__name__, "seconds": seconds,
+        common.emit(args, {"model": args.out, "estimator": type(est).__name__, "seconds": seconds,
                     "history": getattr(est, "history_", None)})
     return 0

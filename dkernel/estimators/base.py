@@ -128,6 +128,14 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         value = getattr(self, name)
         return None if value is None or (isinstance(value, str) and value == AUTO) else value
 
+    def _keep_pool(self, features: Any, n_features: int) -> None:
+        """The fitted feature map and what it fixes (``bandwidth_``, the input
+        and pool widths)."""
+        self.features_ = features
+        self.bandwidth_ = features.bandwidth
+        self.n_features_in_ = features.n_inputs
+        self.n_features_ = int(n_features)
+
     def _check_fitted(self, attr: str) -> None:
         if not hasattr(self, attr):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")

@@ -47,11 +47,11 @@ class DSGDensityRatio(PoolEstimator):
 
     def __init__(self, *, alpha: float = 1e-3, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,
-                 batch_size: int | str = "auto", n_epochs: int = 5,
-                 step_size: float | str = "auto", step_decay: float | str = "auto",
-                 lanes: int | str = "auto", local_steps: int | str = "auto", random_state: int = 0,
-                 client: Any = None, verbose: bool = False, checkpoint: str | None = None,
-                 checkpoint_every: int = 0, resume: bool = False) -> None:
+                 batch_size: int | str = "auto", n_epochs: int = 5, step_size: float | str = "auto",
+                 step_decay: float | str = "auto", lanes: int | str = "auto",
+                 local_steps: int | str = "auto", random_state: int = 0, client: Any = None,
+                 verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
         self._store_params(locals())
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:

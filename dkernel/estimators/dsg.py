@@ -15,16 +15,9 @@ from dkernel.data.dataset import Dataset
 from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
-    accuracy_any,
     apply_rows,
     bandwidth_rows,
-    binary_margin,
-    discover_classes,
-    labels_for_file,
-    r2_score_any,
     sample_rows,
-    score_targets,
-    validate_predict_input,
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import (
@@ -33,6 +26,7 @@ from dkernel.estimators.history import (
     validation_score,
 )
 from dkernel.estimators.spec import documented
+from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
@@ -80,7 +74,6 @@ def _coef(program: DSGProgram, state: dict) -> np.ndarray:
 
 
 class _DSGBase(BaseEstimator):
-    _task = ""
     _default_loss = ""
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
@@ -89,10 +82,9 @@ class _DSGBase(BaseEstimator):
                  step_size: float | str = "auto", step_decay: float = 1e-3,
                  preconditioner: str | None = "eigenpro", lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
-                 checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False, early_stopping: bool = False,
-                 validation_fraction: float = 0.1, n_iter_no_change: int = 2,
-                 average: bool = False) -> None:
+                 checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+                 early_stopping: bool = False, validation_fraction: float = 0.1,
+                 n_iter_no_change: int = 2, average: bool = False) -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -119,9 +111,6 @@ class _DSGBase(BaseEstimator):
     @property
     def _loss(self) -> str:
         return self._default_loss if self.loss is None else self.loss
-
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        raise NotImplementedError
 
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
@@ -214,16 +203,9 @@ class _DSGBase(BaseEstimator):
         return evaluate
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
-        self.features_ = features
+        self._keep_pool(features, coef.shape[0])
         self.encoding_ = encoding
         self.coef_ = coef
-        self.bandwidth_ = features.bandwidth
-        self.n_features_in_ = features.n_inputs
-        self.n_features_ = coef.shape[0]
-
-    def _validated(self, X: Any) -> Any:
-        self._check_fitted("coef_")
-        return validate_predict_input(self, X)
 
     def _decision(self, X: Any) -> Any:
         """Raw scores f(X) of validated X, shape (n,) for one output else (n, c);
@@ -237,26 +219,18 @@ class _DSGBase(BaseEstimator):
     # model files --------------------------------------------------------------
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("coef_")
-        e = self.encoding_
-        arrays = {"coef": self.coef_, "classes": np.asarray(e.classes),
-                  "offset": np.asarray(e.offset, dtype=np.float64)}
-        if hasattr(self, "classes_"):
-            arrays["labels"] = labels_for_file(self.classes_)
-        return (arrays,
-                {"features": self.features_.to_dict(), "encoding": e.kind,
+        return (self._encoding_arrays(),
+                {"features": self.features_.to_dict(), "encoding": self.encoding_.kind,
                  **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)},
                  **history_meta(self)})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
-                             tuple(arrays["offset"].tolist()))
-        self._set_fitted(FeatureMap.from_dict(meta["features"]), enc, arrays["coef"])
+        self._set_fitted(FeatureMap.from_dict(meta["features"]),
+                         self._load_encoding(arrays, meta), arrays["coef"])
         for k in _RESOLVED:
             if k in meta:
                 setattr(self, k, meta[k])
         set_history(self, meta)
-        if enc.kind != "regression":  # files before label codes have no "labels"
-            self.classes_ = arrays.get("labels", arrays["classes"])
 
 
 #: Settings resolved at fit time ("auto" values included) that determine the
@@ -285,7 +259,7 @@ def _decision_spec(Xb: Any, spec: dict) -> Any:
 
 
 @documented
-class DSGRegressor(RegressorMixin, _DSGBase):
+class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
     With ``loss="squared"`` this is kernel ridge regression; "huber",
@@ -309,13 +283,7 @@ class DSGRegressor(RegressorMixin, _DSGBase):
     >>> model.score(X, y) > 0.9
     True
     """
-    _task = "regression"
     _default_loss = "squared"
-
-    def __sklearn_tags__(self) -> Any:
-        tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True  # 2-D y: one output per column
-        return tags
 
     def __init__(self, *, epsilon: float = 0.1, quantile: float = 0.5,
                  posterior_variance: bool = False, **params: Any) -> None:
@@ -325,13 +293,6 @@ class DSGRegressor(RegressorMixin, _DSGBase):
     # get_params / clone / repr read the signature: the shared parameters of
     # _DSGBase plus the regressor's own (one list of defaults, in _DSGBase)
     __init__.__signature__ = _extended_signature(_DSGBase.__init__, __init__)  # type: ignore[attr-defined]
-
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        y = data.y
-        mean = (data.host[1].mean(axis=0) if data.host is not None
-                else client.compute(y.astype(np.float64).mean(axis=0)).result())
-        return TargetEncoding("regression",
-                              offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -371,9 +332,7 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         returns the same), not of y.
         """
         X = self._validated(X)
-        f = self._decision(X).astype(np.float64)  # + the mean of y, which float32 would round
-        off = np.asarray(self.encoding_.offset, dtype=np.float64)
-        mean = f + (off[0] if f.ndim == 1 else off)
+        mean = self._mean(X)
         if not return_std:
             return mean
         if not hasattr(self, "gp_factor_"):
@@ -395,14 +354,9 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         if "gp_factor" in arrays:
             self.gp_factor_ = arrays["gp_factor"]
 
-    def score(self, X: Any, y: Any = None) -> float:
-        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
-        X, y = score_targets(X, y)
-        return r2_score_any(y, self.predict(X))
-
 
 @documented
-class DSGClassifier(ClassifierMixin, _DSGBase):
+class DSGClassifier(ClassifierOutputs, ClassifierMixin, _DSGBase):
     __doc__ = f"""Kernel classification by doubly stochastic functional gradients.
 
     ``loss="softmax"`` (default) is multinomial logistic regression; "hinge"
@@ -415,34 +369,12 @@ class DSGClassifier(ClassifierMixin, _DSGBase):
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
 {_DOC_ATTRIBUTES}    """
-    _task = "classification"
     _default_loss = "softmax"
 
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        classes = discover_classes(data, client)
-        self.classes_ = classes
+    def _encoding_kind(self, classes: np.ndarray) -> str:
         if self._loss == "softmax":
-            kind = "onehot"
-        else:
-            kind = "binary" if classes.size == 2 else "ovr"
-        return TargetEncoding(kind, classes=tuple(classes.tolist()))
-
-    def decision_function(self, X: Any) -> Any:
-        """Scores, shape (n,) for two classes (positive means ``classes_[1]``), else
-        (n, n_classes); lazy for dask input."""
-        return binary_margin(self._decision(self._validated(X)))
-
-    def predict(self, X: Any) -> Any:
-        """Predicted labels; lazy dask array for dask input."""
-        f = self._decision(self._validated(X))
-        classes = np.asarray(self.classes_)
-        if f.ndim == 1:
-            idx = (f > 0).astype(np.int64)
-        else:
-            idx = f.argmax(axis=1)
-        if isinstance(idx, da.Array):
-            return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
-        return classes[idx]
+            return "onehot"
+        return "binary" if classes.size == 2 else "ovr"
 
     @available_if(lambda self: self._loss in ("softmax", "logistic"))
     def predict_proba(self, X: Any) -> Any:
@@ -456,8 +388,3 @@ class DSGClassifier(ClassifierMixin, _DSGBase):
         if f.ndim == 1:
             return xp.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)
-
-    def score(self, X: Any, y: Any = None) -> float:
-        """Mean accuracy (y may be omitted for a store holding ``y``)."""
-        X, y = score_targets(X, y)
-        return accuracy_any(y, self.predict(X), self.classes_)

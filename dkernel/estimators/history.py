@@ -137,14 +137,9 @@ class EpochMonitor:
         ``extra(state) -> dict`` of more per-epoch numbers (e.g. an objective).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        program: Any,
-        evaluate: Callable[[dict], float] | None = None,
-        n_iter_no_change: int = 2,
-        extra: Callable[[dict], dict] | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, program: Any,
+                 evaluate: Callable[[dict], float] | None = None, n_iter_no_change: int = 2,
+                 extra: Callable[[dict], dict] | None = None) -> None:
         self.engine, self.program, self.evaluate = engine, program, evaluate
         self.n_iter_no_change = int(n_iter_no_change)
         self.extra = extra

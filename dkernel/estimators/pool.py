@@ -43,14 +43,9 @@ class PoolEstimator(BaseEstimator):
         program.step_rows = share
         program.cache_blocks = int(self.n_epochs) > 1
         state = fit.run_steps(program, self.lanes_ * self.local_steps_ * share)
-        self.features_ = features
-        self.n_blocks_ = n_blocks
-        self.coef_ = state["w_avg"]
-        self.step_size_ = program.step_size
-        self.step_decay_ = program.step_decay
-        self.bandwidth_ = features.bandwidth
-        self.n_features_in_ = data.n_inputs
-        self.n_features_ = n_blocks * features.block_size
+        self._keep_pool(features, n_blocks * features.block_size)
+        self.n_blocks_, self.coef_ = n_blocks, state["w_avg"]
+        self.step_size_, self.step_decay_ = program.step_size, program.step_decay
         return state
 
     def _steps(self, strong_convexity: float, auto_step: float) -> tuple[float, float]:
@@ -76,18 +71,15 @@ class PoolEstimator(BaseEstimator):
                  "local_steps_": self.local_steps_, **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        self.features_ = FeatureMap.from_dict(meta["features"])
-        self.n_blocks_ = int(meta["n_blocks"])
         self.coef_ = arrays["coef"]
+        self._keep_pool(FeatureMap.from_dict(meta["features"]), self.coef_.shape[0])
+        self.n_blocks_ = int(meta["n_blocks"])
         self.step_size_ = meta["step_size_"]
         self.step_decay_ = meta["step_decay_"]
         # files written before rounds of local steps: 4 lanes, one step a round
         self.lanes_ = meta.get("lanes_", 4)
         self.batch_size_ = meta.get("batch_size_", self.batch_size)
         self.local_steps_ = meta.get("local_steps_", 1)
-        self.bandwidth_ = self.features_.bandwidth
-        self.n_features_in_ = self.features_.n_inputs
-        self.n_features_ = self.coef_.shape[0]
         self._set_extra_meta(meta)
 
     def _extra_meta(self) -> dict[str, Any]:

@@ -59,24 +59,12 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         Passes over the rows, as ``n_passes`` resolved.
     """
 
-    def __init__(
-        self,
-        n_components: int = 1,
-        *,
-        kernel: str = "gaussian",
-        bandwidth: float | str = "auto",
-        n_features: int = 2048,
-        step_size: float | str = "auto",
-        center: bool = True,
-        block_rows: int = 512,
-        n_passes: int | str = "auto",
-        random_state: int = 0,
-        client: Any = None,
-        verbose: bool = False,
-        checkpoint: str | None = None,
-        checkpoint_every: int = 0,
-        resume: bool = False,
-    ) -> None:
+    def __init__(self, n_components: int = 1, *, kernel: str = "gaussian",
+                 bandwidth: float | str = "auto", n_features: int = 2048,
+                 step_size: float | str = "auto", center: bool = True, block_rows: int = 512,
+                 n_passes: int | str = "auto", random_state: int = 0, client: Any = None,
+                 verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -124,15 +112,10 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self, features: FeatureMap, n_blocks: int, V: np.ndarray, lam: np.ndarray, eta: float,
         mean: np.ndarray,
     ) -> None:
-        self.features_ = features
+        self._keep_pool(features, V.shape[0])
         self.n_blocks_ = int(n_blocks)
-        self.components_ = V
-        self.explained_variance_ = lam
+        self.components_, self.explained_variance_, self.mean_ = V, lam, mean
         self.eta_ = float(eta)
-        self.mean_ = mean
-        self.bandwidth_ = features.bandwidth
-        self.n_features_in_ = features.n_inputs
-        self.n_features_ = V.shape[0]
 
     def feature_map(self, X: Any) -> Any:
         """z(X), the fixed random feature map the components live in (NumPy input)."""
