@@ -23,6 +23,9 @@ SOLVERS = {"dsg": ("DSGClassifier", "DSGRegressor"),
            "sphere": ("SphereRegressor",), "kpca": ("KernelPCA",), "kcca": ("KernelCCA",),
            "ksvd": ("KernelSVD",), "oja": ("StreamingKernelPCA",)}
 _TASKS = ("dsg", "eigenpro", "sphere")
+#: the spec's groups, in the order --help lists them, with their headings
+_GROUPS = {"kernel": "kernel", "pool": "feature pool", "sgd": "SGD",
+           "early stopping": "early stopping", "runtime": "runtime", "model": "model"}
 
 
 def estimator_name(args: argparse.Namespace) -> str:
@@ -131,20 +134,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "gradients), eigenpro, sphere (truncated kernel SGD on spheres), kpca, kcca, "
                    "ksvd, oja (streaming kernel PCA)")
     g = p.add_argument_group(
-        "solver options", "One per estimator parameter (the estimators' docstrings say more); "
-        "each names the solvers that take it, and given to another solver it is an error.")
+        "solver options", "One per estimator parameter, grouped as the spec groups them (the "
+        "estimators' docstrings say more); each names the solvers that take it, and given to "
+        "another solver it is an error.")
     g.add_argument("--task", choices=("classification", "regression"), default=argparse.SUPPRESS,
                    help="dsg, eigenpro: the estimator (default: classification); sphere: "
                    "regression only")
+    g.add_argument("--y-view", dest="y_view", action="store_true", default=argparse.SUPPRESS,
+                   help="kcca, ksvd (required): the store's y array is the second view")
     owners: dict[str, list[tuple[str, Any]]] = {}
     for solver, names in SOLVERS.items():
         for q in (q for n in names for q in params_of(n)):
             if q.option is not None and q.name not in RUNTIME:
                 owners.setdefault(q.name, []).append((solver, q))
-    for name, owned in owners.items():
-        add_flag(g, name, [q for _, q in owned], _help(name, owned))
-    g.add_argument("--y-view", dest="y_view", action="store_true", default=argparse.SUPPRESS,
-                   help="kcca, ksvd (required): the store's y array is the second view")
+    groups = {"": g}
+    order = list(_GROUPS)
+    for name, owned in sorted(owners.items(), key=lambda kv: order.index(kv[1][0][1].group)):
+        group = owned[0][1].group
+        if group not in groups:
+            groups[group] = p.add_argument_group(f"{_GROUPS[group]} options")
+        add_flag(groups[group], name, [q for _, q in owned], _help(name, owned))
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: MODEL.ckpt.npz)")
     c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
@@ -152,7 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     common.add_output_args(p, overwrite=True)
     common.add_cluster_args(p)
-    p.set_defaults(func=run, solver_options={a.dest: a.option_strings for a in g._group_actions})
+    p.set_defaults(func=run, solver_options={a.dest: a.option_strings for grp in groups.values()
+                                             for a in grp._group_actions})
 
 
 def run(args: argparse.Namespace) -> int:

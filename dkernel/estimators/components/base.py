@@ -288,6 +288,8 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
 
 class _TwoViewBase(_ComponentsBase):
     _method = ""
+    #: where the fit keeps the k values of the rotated pairs (saved as "values")
+    _values_attr = ""
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -358,17 +360,11 @@ class _TwoViewBase(_ComponentsBase):
         self.features_ = features
         self.x_components_, self.y_components_ = coefs
         self.x_mean_, self.y_mean_ = means
-        self._set_values(sv)
+        setattr(self, self._values_attr, sv)
         self.n_features_in_ = features[0].n_inputs
         self.n_features_y_ = features[1].n_inputs
         self.bandwidth_ = features[0].bandwidth
         self.bandwidth_y_ = features[1].bandwidth
-
-    def _set_values(self, sv: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def _values(self) -> np.ndarray:
-        raise NotImplementedError
 
     def transform(self, X: Any, y: Any = None) -> Any:
         """(x_scores, y_scores) of views X and y; x_scores alone when y is None.  Lazy
@@ -407,7 +403,8 @@ class _TwoViewBase(_ComponentsBase):
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("x_components_")
         return ({"x_components": self.x_components_, "y_components": self.y_components_,
-                 "x_mean": self.x_mean_, "y_mean": self.y_mean_, "values": self._values()},
+                 "x_mean": self.x_mean_, "y_mean": self.y_mean_,
+                 "values": getattr(self, self._values_attr)},
                 {"features": [f.to_dict() for f in self.features_], **self._saved_steps(),
                  **(self._width_meta() if hasattr(self, "steps") else {})})
 

@@ -46,6 +46,7 @@ class KernelCCA(_TwoViewBase):
         and q of the preconditioner; None without ``preconditioner``.
     """
     _method = "kcca"
+    _values_attr = "correlations_"
 
     def __init__(self, n_components: int = 4, *, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", kernel_y: str | None = None,
@@ -125,9 +126,3 @@ class KernelCCA(_TwoViewBase):
         # z = phi / sqrt(D0) on the first nb0 blocks: scores z W = phi (W / sqrt(D0))
         scale = 1.0 / np.sqrt(nb0 * B)
         return Wx * scale, Wy * scale
-
-    def _set_values(self, sv: np.ndarray) -> None:
-        self.correlations_ = sv
-
-    def _values(self) -> np.ndarray:
-        return self.correlations_

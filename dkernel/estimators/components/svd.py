@@ -34,6 +34,7 @@ class KernelSVD(_TwoViewBase):
         power steps each view: the block steps' figure is about half).
     """
     _method = "ksvd"
+    _values_attr = "singular_values_"
 
     def __init__(self, n_components: int = 4, *, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", kernel_y: str | None = None,
@@ -56,9 +57,3 @@ class KernelSVD(_TwoViewBase):
         k = A.shape[1]
         scale = 1.0 if getattr(self, "steps_", "block") == "power" else 0.5
         return scale * np.eye(k), scale * np.eye(k)
-
-    def _set_values(self, sv: np.ndarray) -> None:
-        self.singular_values_ = sv
-
-    def _values(self) -> np.ndarray:
-        return self.singular_values_
