@@ -94,19 +94,13 @@ def _auto_step(method: str, samples: list, features: list, center: bool) -> floa
 
 
 def _scores(features: FeatureMap, coef: np.ndarray, mean: np.ndarray, X: Any) -> Any:
-    coef32 = coef.astype(features.dtype)
-    mean32 = mean.astype(features.dtype)
-    return apply_rows(
-        lambda Xb: _score_block(Xb, features, coef32, mean32),
-        X,
-        coef.shape[1],
-        np.dtype(features.dtype),
-    )
+    coef32, mean32 = coef.astype(features.dtype), mean.astype(features.dtype)
+    return apply_rows(lambda Xb: _score_block(Xb, features, coef32, mean32), X, coef.shape[1],
+                      np.dtype(features.dtype))
 
 
 def _score_block(Xb: Any, features: FeatureMap, coef: np.ndarray, mean: np.ndarray) -> Any:
     return decision(features, coef, Xb.astype(features.dtype, copy=False)) - mean
-
 
 
 class _ComponentsBase(TransformerMixin, BaseEstimator):
