@@ -14,40 +14,35 @@ Estimators (scikit-learn shaped):
 Model files: :func:`save_model`, :func:`load_model`.  Data: :func:`open_dataset`.
 """
 
-from dkernel._version import __version__
-from dkernel.data import open_dataset
-from dkernel.estimators import (
-    KernelCCA,
-    KernelPCA,
-    KernelSVD,
-    StreamingKernelPCA,
-    DSGClassifier,
-    DSGDensityRatio,
-    DSGOneClassSVM,
-    DSGRegressor,
-    EigenProClassifier,
-    EigenProRegressor,
-    SphereRegressor,
-)
-from dkernel.engine import DivergenceError, FitQualityWarning
-from dkernel.io import load_model, save_model
+from __future__ import annotations
 
-__all__ = [
-    "__version__",
-    "open_dataset",
-    "load_model",
-    "save_model",
-    "DivergenceError",
-    "FitQualityWarning",
-    "KernelCCA",
-    "KernelPCA",
-    "KernelSVD",
-    "StreamingKernelPCA",
-    "DSGClassifier",
-    "DSGDensityRatio",
-    "DSGOneClassSVM",
-    "DSGRegressor",
-    "EigenProClassifier",
-    "EigenProRegressor",
-    "SphereRegressor",
-]
+import importlib
+from typing import Any
+
+from dkernel._version import __version__
+
+# Imported on first use (PEP 562): ``dkernel fit`` checks its parameters
+# before Dask and scikit-learn are loaded, and ``import dkernel`` stays cheap.
+_WHERE = {"open_dataset": "dkernel.data", "load_model": "dkernel.io", "save_model": "dkernel.io",
+          "DivergenceError": "dkernel.engine", "FitQualityWarning": "dkernel.engine",
+          **dict.fromkeys(["KernelCCA", "KernelPCA", "KernelSVD", "StreamingKernelPCA",
+                           "DSGClassifier", "DSGDensityRatio", "DSGOneClassSVM", "DSGRegressor",
+                           "EigenProClassifier", "EigenProRegressor", "SphereRegressor"],
+                          "dkernel.estimators")}
+
+__all__ = ["__version__", *_WHERE]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:  # a subpackage, as ``dkernel.estimators`` after ``import dkernel``
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

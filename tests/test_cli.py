@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import zarr
-
 from sklearn.kernel_ridge import KernelRidge
 
 from dkernel import DSGClassifier, load_model

@@ -19,7 +19,8 @@ def test_ridge_approaches_exact_kernel_ridge_as_features_and_iterations_grow(cli
     # Exact minimiser of mean (f - y)^2 / 2 + nu/2 |f|^2 (centred targets): a = (K + n nu I)^-1 y.
     K = kernel_matrix(X.astype(np.float64), X.astype(np.float64), "gaussian", bw)
     a = np.linalg.solve(K + n * nu * np.eye(n), y - y.mean())
-    exact = kernel_matrix(Xt.astype(np.float64), X.astype(np.float64), "gaussian", bw) @ a + y.mean()
+    K = kernel_matrix(Xt.astype(np.float64), X.astype(np.float64), "gaussian", bw)
+    exact = K @ a + y.mean()
     errs = []
     for D, epochs in [(256, 4), (1024, 15), (4096, 45)]:
         m = DSGRegressor(bandwidth=bw, alpha=nu, n_features=D, n_epochs=epochs, batch_size=100,
@@ -45,12 +46,13 @@ def test_classifier_learns_a_nonlinear_rule_and_beats_a_linear_model(client):
     assert set(np.unique(m.predict(Xt))) <= set(np.unique(y))
 
 
-@pytest.mark.parametrize("loss,step_size", [("hinge", 20.0), ("logistic", 20.0), ("squared_hinge", 5.0)])
+@pytest.mark.parametrize("loss,step_size",
+                         [("hinge", 20.0), ("logistic", 20.0), ("squared_hinge", 5.0)])
 def test_binary_losses_train_a_separating_rule(client, loss, step_size):
     X, y = make_blobs_classification(1500, 5, n_classes=2)
     Xt, yt = make_blobs_classification(800, 5, n_classes=2, random_state=1)
-    m = DSGClassifier(loss=loss, n_features=512, n_epochs=6, step_size=step_size, bandwidth=1.5, batch_size=128,
-                      client=client).fit(X, y)
+    m = DSGClassifier(loss=loss, n_features=512, n_epochs=6, step_size=step_size, bandwidth=1.5,
+                      batch_size=128, client=client).fit(X, y)
     assert m.coef_.shape[1] == 1
     assert m.score(Xt, yt) > 0.78  # an RBF SVC scores 0.88, a linear model ~0.55
 
@@ -373,8 +375,8 @@ def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(
     assert pickle.loads(pickle.dumps(DSGRegressor(n_features=64))).n_features == 64
     # joblib wraps it in its PicklingError; ours is the cause the traceback shows
     with pytest.raises(Exception) as info:
-        cross_val_score(DSGRegressor(n_features=64, n_epochs=1, client=client), X, y, cv=2, n_jobs=2,
-                        error_score="raise")
+        cross_val_score(DSGRegressor(n_features=64, n_epochs=1, client=client), X, y, cv=2,
+                        n_jobs=2, error_score="raise")
     assert "n_jobs=1" in str(info.value) + str(info.value.__cause__)
     # copies in this process (clone, copy.copy) keep sharing the client
     import copy

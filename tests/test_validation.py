@@ -97,8 +97,8 @@ def test_cli_bad_input_prints_one_line_and_writes_no_model(client, tmp_path, cap
     X[333, 0] = np.inf
     store = write_store(tmp_path / "bad.zarr", X, y, chunk_rows=100)
     out = tmp_path / "m.npz"
-    rc = main(["fit", store, "--features", "64", "--epochs", "1", "--bandwidth", "1", "--out", str(out),
-               "--quiet"])
+    rc = main(["fit", store, "--features", "64", "--epochs", "1", "--bandwidth", "1",
+               "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert err[-1].startswith("dkernel: error: X contains NaN or infinity") and "333" in err[-1]
@@ -110,7 +110,8 @@ def test_cli_bad_input_prints_one_line_and_writes_no_model(client, tmp_path, cap
     (["fit", "/no/store.zarr", "--out", "m.npz"], "no dataset store"),
     (["fit", "{store}", "--bandwidth", "-2", "--out", "{out}"], "bandwidth must be > 0"),
     (["fit", "{store}", "--features", "0", "--out", "{out}"], "n_features must be > 0"),
-    (["fit", "{store}", "--solver", "magic", "--out", "{out}"], "--solver 'magic' is not available"),
+    (["fit", "{store}", "--solver", "magic", "--out", "{out}"],
+     "--solver 'magic' is not available"),
     (["fit", "{store}", "--solver", "kpca", "--preconditioner", "eigenpro", "--out", "{out}"],
      "--preconditioner does not apply to --solver kpca"),
     (["fit", "{store}", "--solver", "oja", "--epochs", "2", "--alpha", "1", "--out", "{out}"],

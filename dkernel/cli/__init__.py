@@ -16,7 +16,8 @@ import threading
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
 
 _DESCRIPTION = ("dkernel: kernel methods on Dask. Convert data into a zarr dataset store "
-                "(ingest) or write a synthetic one of any size on the workers (make-store), train a model (fit), apply it (predict, transform, evaluate), "
+                "(ingest) or write a synthetic one of any size on the workers (make-store), "
+                "train a model (fit), apply it (predict, transform, evaluate), "
                 "describe stores and models (info), draw a model's learning curve (plot), "
                 "or run everything on synthetic data (demo).")
 _EPILOG = ("Errors print one line on stderr and exit non-zero; --debug shows the traceback. "
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupted) if in_main else None
     try:

@@ -12,19 +12,19 @@ from typing import Any
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default after its help, unless the help already
-    says it or there is none to show (None, False: the option is off)."""
+    """Shows every option's default after its help, unless the help says it
+    already: a switch is "off" until given, an option without a value "not set"."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (
-            "default" in text
-            or not action.option_strings
-            or action.default is None
-            or action.default is False
-            or action.default == argparse.SUPPRESS
-        ):
+        if "default" in text or not action.option_strings or action.required:
             return text
+        if action.nargs == 0:  # a switch: store_true / store_false / --x/--no-x
+            if action.default in (None, False, argparse.SUPPRESS):
+                return text + " (default: off)"
+            return text + " (default: on)"
+        if action.default in (None, argparse.SUPPRESS):
+            return text + " (default: not set)"
         return text + " (default: %(default)s)"
 
 

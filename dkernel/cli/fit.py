@@ -1,454 +1,188 @@
-"""``dkernel fit STORE --solver S --out MODEL``: train and save a model."""
+"""``dkernel fit STORE --solver S --out MODEL``: train and save a model.
+
+The solver options are generated from the estimators' parameter spec
+(:mod:`dkernel.estimators.spec`): one flag per parameter, named after it
+(``--n-epochs``) and still accepting the older spelling (``--epochs``), with
+the defaults of every solver in its help.  They are checked against the spec
+before the store is opened or a cluster started."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
-from dkernel.cli.common import (
-    add_cluster_args,
-    add_command,
-    add_output_args,
-    bandwidth_arg,
-    check_output,
-    cluster_options,
-    emit,
-    status,
-)
-from dkernel.kernels.exact import KERNELS
+from dkernel.cli import common
+from dkernel.estimators.params import RUNTIME, add_flag, check_values
+from dkernel.estimators.spec import AUTO_FROM, params_of
+
+#: solver -> its estimators (classifier first where ``--task`` picks one).
+SOLVERS = {"dsg": ("DSGClassifier", "DSGRegressor"),
+           "eigenpro": ("EigenProClassifier", "EigenProRegressor"),
+           "sphere": ("SphereRegressor",), "kpca": ("KernelPCA",), "kcca": ("KernelCCA",),
+           "ksvd": ("KernelSVD",), "oja": ("StreamingKernelPCA",)}
+_TASKS = ("dsg", "eigenpro", "sphere")
+#: the spec's groups, in the order --help lists them, with their headings
+_GROUPS = {"kernel": "kernel", "pool": "feature pool", "sgd": "SGD",
+           "early stopping": "early stopping", "runtime": "runtime", "model": "model"}
 
 
-def _given(
-    args: argparse.Namespace, kw: dict[str, Any], pairs: tuple[tuple[str, str], ...]
-) -> dict:
-    """Copy the options the user gave (not None) into the estimator's keywords."""
-    for flag, param in pairs:
-        value = getattr(args, flag, None)
-        if value is not None:
-            kw[param] = value
-    return kw
+def estimator_name(args: argparse.Namespace) -> str:
+    """The estimator class ``--solver`` and ``--task`` pick."""
+    if args.solver not in SOLVERS:
+        raise ValueError(f"--solver {args.solver!r} is not available; choose one of "
+                         f"{', '.join(sorted(SOLVERS))}")
+    task = getattr(args, "task", None)
+    if args.solver == "sphere" and task == "classification":
+        raise ValueError("--solver sphere fits regression only (SphereRegressor); drop "
+                         "--task classification, or use --solver dsg or eigenpro to classify")
+    names = SOLVERS[args.solver]
+    return names[-1] if task == "regression" else names[0]
 
 
-#: flag dest -> estimator parameter, for the options most solvers share
-_COMMON = (("kernel", "kernel"), ("bandwidth", "bandwidth"), ("seed", "random_state"))
-_EARLY_STOPPING = (
-    ("early_stopping", "early_stopping"),
-    ("validation_fraction", "validation_fraction"),
-    ("n_iter_no_change", "n_iter_no_change"),
-)
+def _typed_flag(args: argparse.Namespace, dest: str) -> str:
+    """The spelling of option ``dest`` on the command line (an alias, if that was used)."""
+    return next((w.split("=")[0] for w in getattr(args, "argv", None) or ()
+                 if w.split("=")[0] in args.solver_options[dest]), args.solver_options[dest][0])
 
 
-def _task(args: argparse.Namespace) -> str:
-    return args.task or "classification"
-
-
-def _given_early_stopping(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """The early-stopping options, refused without --early-stopping (which alone uses them)."""
-    if not getattr(args, "early_stopping", None):
-        for flag in ("validation_fraction", "n_iter_no_change"):
-            if getattr(args, flag, None) is not None:
-                raise ValueError(f"--{flag.replace('_', '-')} applies with --early-stopping; add "
-                                 "--early-stopping or drop it")
-    return _EARLY_STOPPING
-
-
-def _build_dsg(args: argparse.Namespace) -> Any:
-    from dkernel import DSGClassifier, DSGRegressor
-
-    cls = DSGClassifier if _task(args) == "classification" else DSGRegressor
-    kw: dict[str, Any] = {}
-    from dkernel.losses import LOSS_PARAMS
-
-    for flag in ("epsilon", "quantile"):
-        if getattr(args, flag, None) is not None and cls is DSGClassifier:
-            raise ValueError(f"--{flag} is a parameter of the regression losses; "
-                             "use it with --task regression")
-        loss = args.loss or cls._default_loss
-        if getattr(args, flag, None) is not None and flag not in LOSS_PARAMS.get(loss, {}):
-            takers = " or ".join(k for k, v in LOSS_PARAMS.items() if flag in v)
-            raise ValueError(f"--{flag} applies to --loss {takers}, and the loss is {loss}; "
-                             f"add --loss {takers.split(' or ')[0]} or drop --{flag}")
-    if args.preconditioner is not None:
-        kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
-    return cls(
-        **_given(
-            args,
-            kw,
-            _COMMON
-            + _given_early_stopping(args)
-            + (
-                ("features", "n_features"),
-                ("epochs", "n_epochs"),
-                ("batch_size", "batch_size"),
-                ("alpha", "alpha"),
-                ("loss", "loss"),
-                ("average", "average"),
-                ("block_size", "block_size"),
-                ("step_size", "step_size"),
-                ("step_decay", "step_decay"),
-                ("lanes", "lanes"),
-                ("epsilon", "epsilon"),
-                ("quantile", "quantile"),
-            ),
-        )
-    )
-
-
-def _build_sphere(args: argparse.Namespace) -> Any:
-    from dkernel import SphereRegressor
-
-    if args.task == "classification":
-        raise ValueError(
-            "--solver sphere fits regression only (SphereRegressor); drop "
-            "--task classification, or use --solver dsg or eigenpro to classify"
-        )
-    kw = _given(
-        args,
-        {},
-        (
-            ("sphere_s", "s"),
-            ("theta", "theta"),
-            ("eta0", "eta0"),
-            ("step_exponent", "t"),
-            ("max_degree", "max_degree"),
-            ("input_map", "input_map"),
-            ("scale", "scale"),
-            ("form", "form"),
-            ("block_size", "block_size"),
-            ("epochs", "n_epochs"),
-        ),
-    )
-    if getattr(args, "theta", None) is not None and args.theta <= 0:
-        kw["theta"] = None  # --theta 0: plain kernel SGD at level --max-degree
-    return SphereRegressor(**kw)
-
-
-def _build_eigenpro(args: argparse.Namespace) -> Any:
-    """Kernel form by default (all rows, or ``--centers P``); ``--features D`` for EigenPro-RF."""
-    from dkernel import EigenProClassifier, EigenProRegressor
-
-    cls = EigenProClassifier if _task(args) == "classification" else EigenProRegressor
-    return cls(
-        **_given(
-            args,
-            {},
-            _COMMON
-            + _given_early_stopping(args)
-            + (
-                ("centers", "n_centers"),
-                ("features", "n_features"),
-                ("epochs", "n_epochs"),
-                ("alpha", "alpha"),  # ridge of the all-rows solve (--centers below n)
-                ("batch_size", "batch_size"),
-                ("step_size", "step_size"),
-                ("block_size", "block_size"),
-                ("lanes", "lanes"),
-            ),
-        )
-    )
-
-
-def _build_components(args: argparse.Namespace) -> Any:
-    """``--solver kpca`` (KernelPCA), ``oja`` (StreamingKernelPCA), ``kcca`` /
-    ``ksvd`` (KernelCCA / KernelSVD: the store's ``y`` is the second view, which
-    ``--y-view`` must confirm: the y of a labelled store is not a view)."""
-    from dkernel import KernelCCA, KernelPCA, KernelSVD, StreamingKernelPCA
-
-    cls = {"kpca": KernelPCA, "kcca": KernelCCA, "ksvd": KernelSVD, "oja": StreamingKernelPCA}[
-        args.solver
-    ]
-    if cls in (KernelCCA, KernelSVD) and not args.y_view:
+def parameters(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(estimator name, its keyword arguments) from the solver options, checked
+    against the spec: an option the estimator does not take is an error, not
+    silently ignored."""
+    name = estimator_name(args)
+    spec = {p.name: p for p in params_of(name)}
+    # options left out are absent (argparse.SUPPRESS): None may be a value (--theta 0)
+    given = {d: getattr(args, d) for d in args.solver_options if hasattr(args, d)}
+    takes = set(spec) | ({"y_view"} if args.solver in ("kcca", "ksvd") else set()) \
+        | ({"task"} if args.solver in _TASKS else set())
+    argv = [w.split("=")[0] for w in getattr(args, "argv", None) or ()]
+    unused = sorted((_typed_flag(args, d) for d in given if d not in takes),
+                    key=lambda f: argv.index(f) if f in argv else len(argv))
+    other = {p.name for n in SOLVERS[args.solver] for p in params_of(n)} - set(spec)
+    for d in (d for d in given if d in other):  # the regressor's, given to the classifier
+        raise ValueError(f"{_typed_flag(args, d)} is a parameter of the regression losses and "
+                         f"models ({SOLVERS[args.solver][-1]}); use it with --task regression")
+    if unused:
+        one = len(unused) == 1
+        raise ValueError(f"{', '.join(unused)} {'does' if one else 'do'} not apply to --solver "
+                         f"{args.solver}; drop {'it' if one else 'them'}")
+    if args.solver in ("kcca", "ksvd") and not given.get("y_view"):
         raise ValueError(
             f"--solver {args.solver} needs two views with the same rows: a store whose "
             "y array holds the second view (n x d_y), confirmed by --y-view; the y of a "
-            "labelled store is a label, not a view"
-        )
-    kw: dict[str, Any] = _given(
-        args,
-        {},
-        _COMMON
-        + (("components", "n_components"), ("features", "n_features"), ("step_size", "step_size")),
-    )
-    if cls is not StreamingKernelPCA:
-        _given(
-            args,
-            kw,
-            (
-                ("epochs", "n_epochs"),
-                ("batch_size", "batch_size"),
-                ("block_size", "block_size"),
-                ("step_decay", "step_decay"),
-                ("lanes", "lanes"),
-            ),
-        )
-    if cls in (KernelPCA, KernelSVD):
-        _given(args, kw, (("steps", "steps"),))
-    if cls is KernelCCA:
-        _given(args, kw, (("alpha", "alpha"),))
-        if args.preconditioner is not None:
-            kw["preconditioner"] = None if args.preconditioner == "none" else args.preconditioner
-    return cls(**kw)
+            "labelled store is a label, not a view")
+    if not given.get("early_stopping"):
+        for d in ("validation_fraction", "n_iter_no_change"):
+            if d in given:
+                raise ValueError(f"{_typed_flag(args, d)} applies with --early-stopping; add "
+                                 "--early-stopping or drop it")
+    _check_loss_params(args, name, given)
+    kw = {k: v for k, v in given.items() if k in spec}
+    check_values(spec.values(), kw)
+    return name, kw
 
 
-class _Reads:
-    """``args`` as a builder sees it, noting which options it read."""
+def _check_loss_params(args: argparse.Namespace, name: str, given: dict) -> None:
+    from dkernel.losses import LOSS_PARAMS
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self._args, self.read = args, set()
-
-    def __getattr__(self, name: str) -> Any:
-        self.read.add(name)
-        return getattr(self._args, name)
+    loss = given.get("loss") or ("squared" if name == "DSGRegressor" else "softmax")
+    for d in ("epsilon", "quantile"):
+        if d in given and d not in LOSS_PARAMS.get(loss, {}):
+            takers = " or ".join(k for k, v in LOSS_PARAMS.items() if d in v)
+            raise ValueError(f"--{d} applies to --loss {takers}, and the loss is {loss}; "
+                             f"add --loss {takers.split(' or ')[0]} or drop --{d}")
 
 
 def build(args: argparse.Namespace) -> Any:
-    """The unfitted estimator of ``--solver``; a solver option (the parser's
-    "solver options" group) the solver's builder does not read is an error,
-    not silently ignored."""
-    seen = _Reads(args)
-    est = SOLVERS[args.solver](seen)
-    unused = [
-        flag
-        for dest, flag in args.solver_options.items()
-        if getattr(args, dest, None) is not None and dest not in seen.read
-    ]
-    if unused:
-        raise ValueError(
-            f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
-            f"to --solver {args.solver}; drop {'it' if len(unused) == 1 else 'them'}"
-        )
+    """The unfitted estimator of ``--solver`` with its parameters checked."""
+    import dkernel.estimators
+
+    name, kw = parameters(args)
+    est = getattr(dkernel.estimators, name)(**kw)
+    est._check_params()  # the rules between parameters, before any data or cluster
     return est
 
 
-#: solver name -> builder(args) returning an unfitted estimator.
-SOLVERS: dict[str, Callable[[argparse.Namespace], Any]] = {"dsg": _build_dsg}
-SOLVERS["sphere"] = _build_sphere
-SOLVERS["kpca"] = SOLVERS["kcca"] = SOLVERS["ksvd"] = SOLVERS["oja"] = _build_components
-SOLVERS["eigenpro"] = _build_eigenpro
+def _help(name: str, owners: list[tuple[str, Any]]) -> str:
+    """A solver option's help: its one-line doc, its solvers and their defaults."""
+    solvers: dict[str, list[str]] = {}
+    for solver, p in owners:
+        shown = p.shown_default().replace('"', "")
+        if solver not in solvers.setdefault(shown, []):
+            solvers[shown].append(solver)
+    everyone = [s for s in SOLVERS if any(s in v for v in solvers.values())]
+    where = ", ".join(everyone) if len(everyone) < len(SOLVERS) - 1 else (
+        "all" if len(everyone) == len(SOLVERS) else
+        f"all but {next(s for s in SOLVERS if s not in everyone)}")
+    defaults = "; ".join(d if len(solvers) == 1 else f"{d} ({', '.join(s)})"
+                         for d, s in solvers.items())
+    if "auto" in solvers and name in AUTO_FROM:
+        defaults += f"; auto: {AUTO_FROM[name]}, resolved at fit"
+    return f"{owners[0][1].summary} [{where}; default: {defaults}]".replace("%", "%%")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub,
-        "fit",
-        "train a model on a dataset store",
+    p = common.add_command(
+        sub, "fit", "train a model on a dataset store",
         "Train a model on a zarr dataset store and save it (written atomically: "
-        "a failed fit leaves no model file).",
-    )
+        "a failed fit leaves no model file).")
     p.add_argument("store", help="dataset store: a zarr group with X (and y), local or s3:// etc.")
     p.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.npz)")
-    p.add_argument(
-        "--solver",
-        default="dsg",
-        help="algorithm: dsg (doubly stochastic gradients), eigenpro, sphere "
-        "(truncated kernel SGD on spheres), kpca, kcca, ksvd, oja (streaming kernel PCA)",
-    )
-    # options some solvers take (default None: the estimator's own default);
-    # ``build`` rejects one the chosen solver does not read, so this group is
-    # the single list of them
+    p.add_argument("--solver", default="dsg", help="algorithm: dsg (doubly stochastic "
+                   "gradients), eigenpro, sphere (truncated kernel SGD on spheres), kpca, kcca, "
+                   "ksvd, oja (streaming kernel PCA)")
     g = p.add_argument_group(
-        "solver options",
-        "Each applies to the solvers named in its help; left out, the estimator's own default "
-        "applies (see its docstring); given to a solver that does not take it, an error.",
-    )
-    g.add_argument(
-        "--task",
-        choices=("classification", "regression"),
-        help="dsg, eigenpro (default: classification); sphere: regression only",
-    )
-    g.add_argument(
-        "--kernel", help=f"kernel: {', '.join(KERNELS)} (all but sphere; default: gaussian)"
-    )
-    g.add_argument(
-        "--bandwidth",
-        type=bandwidth_arg,
-        help="kernel scale, a number or 'auto' (median heuristic; all but sphere; default: auto)",
-    )
-    g.add_argument(
-        "--seed", type=int, help="random_state, the global seed (all but sphere; default: 0)"
-    )
-    g.add_argument(
-        "--features",
-        type=int,
-        metavar="D",
-        help="n_features, random features (dsg, eigenpro: selects its random-feature form; "
-        "kpca, kcca, ksvd, oja)",
-    )
-    g.add_argument(
-        "--centers",
-        type=int,
-        metavar="P",
-        help="n_centers, kernel centers sampled from the rows (eigenpro kernel form; "
-        "default: all rows up to 100000)",
-    )
-    g.add_argument(
-        "--components", type=int, metavar="K", help="n_components (kpca, kcca, ksvd, oja)"
-    )
-    g.add_argument(
-        "--epochs", type=int, metavar="N", help="n_epochs, passes over the data (all but oja)"
-    )
-    g.add_argument(
-        "--batch-size",
-        dest="batch_size",
-        type=int,
-        metavar="M",
-        help="rows per step (dsg, eigenpro, kpca, kcca, ksvd)",
-    )
-    g.add_argument("--alpha", type=float, help="regularisation strength (dsg, kcca)")
-    g.add_argument(
-        "--loss",
-        help="loss (dsg): squared, huber, epsilon_insensitive, quantile; "
-        "softmax, hinge, squared_hinge, logistic",
-    )
-    g.add_argument(
-        "--epsilon",
-        type=float,
-        help="huber threshold / epsilon_insensitive tube (dsg regression)",
-    )
-    g.add_argument(
-        "--quantile", type=float, help="level of the quantile loss, in (0, 1) (dsg regression)"
-    )
-    g.add_argument(
-        "--block-size",
-        dest="block_size",
-        type=int,
-        help="features per seeded block (dsg, eigenpro, kpca, kcca, ksvd); rows per "
-        "exact block (sphere)",
-    )
-    g.add_argument(
-        "--step-size",
-        dest="step_size",
-        type=bandwidth_arg,
-        help="initial step, a number or 'auto' (dsg, eigenpro, kpca, kcca, ksvd, oja)",
-    )
-    g.add_argument(
-        "--step-decay",
-        dest="step_decay",
-        type=float,
-        help="theta_1 of step_size / (1 + theta_1 t) (dsg, kpca, kcca, ksvd)",
-    )
-    g.add_argument(
-        "--lanes",
-        type=lambda v: v if v == "auto" else int(v),
-        help="chunks that share one step (dsg, eigenpro, kpca, kcca, ksvd); 'auto' (the default "
-        "of dsg, eigenpro, kpca and ksvd; kcca takes a number): one per worker thread (4 for "
-        "kpca's and ksvd's block steps), recorded in the model",
-    )
-    g.add_argument(
-        "--early-stopping",
-        dest="early_stopping",
-        action="store_true",
-        default=None,
-        help="hold out --validation-fraction of the rows, score them after each epoch, "
-        "stop after --n-iter-no-change epochs without improvement and keep the best "
-        "epoch (dsg, eigenpro)",
-    )
-    g.add_argument(
-        "--validation-fraction",
-        dest="validation_fraction",
-        type=float,
-        help="rows held out by --early-stopping (dsg, eigenpro; default: 0.1)",
-    )
-    g.add_argument(
-        "--n-iter-no-change",
-        dest="n_iter_no_change",
-        type=int,
-        help="epochs without improvement before --early-stopping stops (dsg, eigenpro; default: 2)",
-    )
-    g.add_argument(
-        "--y-view",
-        dest="y_view",
-        action="store_true",
-        default=None,
-        help="kcca, ksvd (required): the store's y array is the second view",
-    )
-    g.add_argument(
-        "--average",
-        action="store_true",
-        default=None,
-        help="dsg: keep the average of all iterates, (1/t) sum f_i, as the model "
-        "(Dai et al.'s O(1/t) figure is of it; default: the last iterate)",
-    )
-    g.add_argument(
-        "--preconditioner",
-        choices=("none", "eigenpro"),
-        help="dsg, kcca: 'eigenpro' (preconditioned whole-pool steps; default) or 'none' "
-        "(the papers' block steps: Dai et al. Alg. 1, Xie et al. Alg. 4)",
-    )
-    g.add_argument(
-        "--steps",
-        choices=("auto", "exact", "block", "power"),
-        help="kpca, ksvd: 'exact' (subspace iteration over all rows, a dozen passes), "
-        "'power' (whole-pool power steps on wide batches, for data on a cluster), 'block' "
-        "(Xie et al.'s Alg. 1-3, one feature block a step) or 'auto' (default: exact below "
-        "16384 rows unless --epochs, --batch-size, --lanes or --checkpoint-every is given, "
-        "else power, unless --step-size or --step-decay asks for block steps)",
-    )
-    g.add_argument(
-        "--smoothness", dest="sphere_s", type=float, help="s of the zonal kernel (sphere)"
-    )
-    g.add_argument(
-        "--theta", type=float, help="truncation level parameter (sphere); 0: no truncation"
-    )
-    g.add_argument("--eta0", type=float, help="initial step eta0 (sphere)")
-    g.add_argument(
-        "--step-exponent", dest="step_exponent", type=float, help="t in eta0 n^-t (sphere)"
-    )
-    g.add_argument(
-        "--max-degree", dest="max_degree", type=int, help="cap on the truncation level (sphere)"
-    )
-    g.add_argument(
-        "--input-map",
-        dest="input_map",
-        choices=("normalize", "stereographic"),
-        help="how rows reach the sphere (sphere)",
-    )
-    g.add_argument("--scale", type=float, help="scale of the stereographic map (sphere)")
-    g.add_argument("--form", choices=("auto", "features", "kernel"), help="representation (sphere)")
+        "solver options", "One per estimator parameter, grouped as the spec groups them (the "
+        "estimators' docstrings say more); each names the solvers that take it, and given to "
+        "another solver it is an error.")
+    g.add_argument("--task", choices=("classification", "regression"), default=argparse.SUPPRESS,
+                   help="dsg, eigenpro: the estimator (default: classification); sphere: "
+                   "regression only")
+    g.add_argument("--y-view", dest="y_view", action="store_true", default=argparse.SUPPRESS,
+                   help="kcca, ksvd (required): the store's y array is the second view")
+    owners: dict[str, list[tuple[str, Any]]] = {}
+    for solver, names in SOLVERS.items():
+        for q in (q for n in names for q in params_of(n)):
+            if q.option is not None and q.name not in RUNTIME:
+                owners.setdefault(q.name, []).append((solver, q))
+    groups = {"": g}
+    order = list(_GROUPS)
+    for name, owned in sorted(owners.items(), key=lambda kv: order.index(kv[1][0][1].group)):
+        group = owned[0][1].group
+        if group not in groups:
+            groups[group] = p.add_argument_group(f"{_GROUPS[group]} options")
+        add_flag(groups[group], name, [q for _, q in owned], _help(name, owned))
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: MODEL.ckpt.npz)")
-    c.add_argument(
-        "--checkpoint-every",
-        dest="checkpoint_every",
-        type=int,
-        default=0,
-        metavar="N",
-        help="write a checkpoint every N steps (0: never)",
-    )
+    c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
+                   metavar="N", help="write a checkpoint every N steps (0: never)")
     c.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    add_output_args(p, overwrite=True)
-    add_cluster_args(p)
-    p.set_defaults(func=run, solver_options={a.dest: a.option_strings[0] for a in g._group_actions})
+    common.add_output_args(p, overwrite=True)
+    common.add_cluster_args(p)
+    p.set_defaults(func=run, solver_options={a.dest: a.option_strings for grp in groups.values()
+                                             for a in grp._group_actions})
 
 
 def run(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as "
+                         "model.npz")
+    common.check_output(args.out, args.overwrite)
+    if args.checkpoint and not (args.checkpoint_every or args.resume):
+        raise ValueError("--checkpoint names the file of --checkpoint-every N / --resume; "
+                         "add one of them (alone it would be ignored)")
+    parameters(args)  # the spec's checks, before Dask is imported
     from dkernel.data import open_dataset
     from dkernel.engine import connect
     from dkernel.io import file_exists, remove_file
 
-    if args.solver not in SOLVERS:
-        raise ValueError(
-            f"--solver {args.solver!r} is not available; choose one of {', '.join(sorted(SOLVERS))}"
-        )
-    if os.path.isdir(args.out):
-        raise ValueError(
-            f"--out {args.out!r} is a folder; give a model file path such as model.npz"
-        )
-    check_output(args.out, args.overwrite)
-    if args.checkpoint and not (args.checkpoint_every or args.resume):
-        raise ValueError(
-            "--checkpoint names the file of --checkpoint-every N / --resume; "
-            "add one of them (alone it would be ignored)"
-        )
     est = build(args)
     checkpoint = args.checkpoint or (args.out + ".ckpt.npz")
     if args.checkpoint_every or args.resume:
-        est.set_params(
-            checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume
-        )
+        est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
+                       resume=args.resume)
     if not args.resume and file_exists(checkpoint):
         # a rerun without --resume would start over and, once done, delete the
         # checkpoint: the interrupted fit's progress lost without a word
@@ -458,31 +192,24 @@ def run(args: argparse.Namespace) -> int:
                 "--resume to continue it, or --overwrite to start over (the checkpoint is "
                 "deleted)")
         remove_file(checkpoint)
-        status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
+        common.status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
     if args.resume:
         # a mistyped path must not pass for a resumed fit: say which it is
-        status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
+        common.status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
                f"--resume: no checkpoint at {checkpoint}; starting from the first step")
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
     start = time.perf_counter()
-    with connect(**cluster_options(args)) as client:
+    with connect(**common.cluster_options(args)) as client:
         est.set_params(client=client)
         est.fit(args.store)
     seconds = time.perf_counter() - start
     est.set_params(client=None)
     est.save(args.out)
     remove_file(checkpoint)  # a local path or a URL (s3://...)
-    status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
+    common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
     if args.json:
-        emit(
-            args,
-            {
-                "model": args.out,
-                "estimator": type(est).__name__,
-                "seconds": seconds,
-                "history": getattr(est, "history_", None),
-            },
-        )
+        common.emit(args, {"model": args.out, "estimator": type(est).__name__, "seconds": seconds,
+                    "history": getattr(est, "history_", None)})
     return 0

@@ -22,11 +22,12 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
-from dkernel.data.validate import check_finite_chunk, check_positive
+from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import EngineOptions
 from dkernel.estimators.model_file import register, write_model
+from dkernel.estimators.params import AUTO, check_values
+from dkernel.estimators.spec import check_random_state_param, params_of
 from dkernel.kernels import median_heuristic
-from dkernel.kernels.exact import check_kernel
 
 # Rows sampled for bandwidth="auto": the median of ~500k pairwise distances is
 # stable to a few percent and costs milliseconds.
@@ -98,15 +99,47 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         valid = self._param_names()
         for k, v in params.items():
             if k not in valid:
-                raise ValueError(f"{type(self).__name__} has no parameter {k!r}; valid: {', '.join(valid)}")
+                raise ValueError(f"{type(self).__name__} has no parameter {k!r}; valid: "
+                                 f"{', '.join(valid)}")
             setattr(self, k, v)
         return self
 
     def __repr__(self) -> str:
-        defaults = {k: p.default for k, p in inspect.signature(type(self).__init__).parameters.items()}
+        defaults = {k: p.default
+                    for k, p in inspect.signature(type(self).__init__).parameters.items()}
         changed = [f"{k}={v!r}" for k, v in self.get_params().items()
                    if k in defaults and not _same(v, defaults[k])]
         return f"{type(self).__name__}({', '.join(changed)})"
+
+    def _store_params(self, values: dict[str, Any]) -> None:
+        """What every ``__init__`` does: store each parameter verbatim (the
+        scikit-learn contract; the checks run at fit)."""
+        for name in self._param_names():
+            if name in values:
+                setattr(self, name, values[name])
+
+    def _check_params(self) -> None:
+        """Each parameter against its declaration (:mod:`dkernel.estimators.spec`),
+        then the rules between parameters; the estimators add their own."""
+        check_values(params_of(type(self)), self.get_params(deep=False))
+        if getattr(self, "resume", False) and not isinstance(self.random_state, (int, np.integer)):
+            raise ValueError(
+                f"resume=True needs an integer random_state (the checkpoint's seed), got "
+                f"{self.random_state!r}; pass the random_state_ of the interrupted fit")
+
+    def _given(self, name: str) -> Any:
+        """A setting's value, None where it is left automatic ("auto", or None
+        as EigenPro's settings were written before "auto")."""
+        value = getattr(self, name)
+        return None if value is None or (isinstance(value, str) and value == AUTO) else value
+
+    def _keep_pool(self, features: Any, n_features: int) -> None:
+        """The fitted feature map and what it fixes (``bandwidth_``, the input
+        and pool widths)."""
+        self.features_ = features
+        self.bandwidth_ = features.bandwidth
+        self.n_features_in_ = features.n_inputs
+        self.n_features_ = int(n_features)
 
     def _check_fitted(self, attr: str) -> None:
         if not hasattr(self, attr):
@@ -128,35 +161,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return a is b
-
-
-def check_common_params(est: Any) -> None:
-    """Hyper-parameter checks shared by the estimators, before any work."""
-    check_kernel(est.kernel)
-    if not (isinstance(est.bandwidth, str) and est.bandwidth == "auto"):
-        check_positive("bandwidth", est.bandwidth)
-    for name in ("n_features", "batch_size", "n_epochs"):
-        if hasattr(est, name) and not (name == "batch_size" and est.batch_size == "auto"):
-            check_positive(name, getattr(est, name), integer=True)
-    if hasattr(est, "alpha"):
-        check_positive("alpha", est.alpha, allow_zero=True)
-    check_random_state_param(est.random_state)
-    if getattr(est, "resume", False) and not isinstance(est.random_state, (int, np.integer)):
-        raise ValueError(
-            f"resume=True needs an integer random_state (the checkpoint's seed), got "
-            f"{est.random_state!r}; pass the random_state_ of the interrupted fit")
-
-
-def check_random_state_param(random_state: Any) -> None:
-    """None, a non-negative int, ``np.random.RandomState`` or ``np.random.Generator``."""
-    if random_state is None or isinstance(random_state,
-                                          (np.random.RandomState, np.random.Generator)):
-        return
-    if not isinstance(random_state, (int, np.integer)) or isinstance(random_state, bool) \
-            or random_state < 0:
-        raise ValueError(
-            "random_state must be None, a non-negative integer seed, a numpy.random.RandomState "
-            f"or a numpy.random.Generator, got {random_state!r}")
 
 
 def resolve_random_state(random_state: Any) -> int:
@@ -195,7 +199,8 @@ def sample_index(data: Dataset, random_state: int, size: int, domain: int) -> np
     return np.sort(rng.choice(pool, size=min(len(pool), size), replace=False))
 
 
-def sample_rows(data: Dataset, random_state: int, client: Any, size: int = _BANDWIDTH_SAMPLE) -> np.ndarray:
+def sample_rows(data: Dataset, random_state: int, client: Any,
+                size: int = _BANDWIDTH_SAMPLE) -> np.ndarray:
     """A seeded random sample of rows of X, gathered by the cluster (one small read)."""
     idx = sample_index(data, random_state, size, 0xBA4D)
     if data.host is not None:
@@ -255,7 +260,8 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
     if data.y is None:
         raise ValueError("classification needs targets y")
     if data.y.ndim == 2 and data.y.shape[1] != 1:
-        raise ValueError(f"classification targets must be one label per row, got y of shape {data.y.shape}")
+        raise ValueError("classification targets must be one label per row, got y of shape "
+                         f"{data.y.shape}")
     if data.host is not None:
         classes = np.unique(data.host[1])
     else:
@@ -490,7 +496,8 @@ def check_predict_input(X: Any, n_inputs: int, name: str = "X") -> Any:
     if isinstance(X, (list, tuple)):
         X = np.asarray(X)
     if getattr(X, "ndim", None) != 2:
-        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {getattr(X, 'shape', None)}")
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape "
+                         f"{getattr(X, 'shape', None)}")
     if X.shape[1] != n_inputs:
         raise ValueError(
             f"{name} has {X.shape[1]} features but the model was fitted on {n_inputs}; "

@@ -10,17 +10,18 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.data.validate import check_positive
-from dkernel.engine import connect
 from dkernel.estimators.base import validate_predict_input
-from dkernel.estimators.pool import POOL_DOC, PoolEstimator
+from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.pool import PoolEstimator
+from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.solvers.density_ratio import DensityRatioProgram
 
 
+@documented
 class DSGDensityRatio(PoolEstimator):
-    __doc__ = f"""Density ratio r(x) = p(x) / q(x) of two samples, by doubly stochastic
+    __doc__ = """Density ratio r(x) = p(x) / q(x) of two samples, by doubly stochastic
     functional gradients on the KL objective (Dai et al. 2014, section 4):
 
         min_f  E_q[exp f] - E_p[f] + alpha/2 |f|^2,   f -> log(p / q).
@@ -34,16 +35,6 @@ class DSGDensityRatio(PoolEstimator):
     densities, and ``predict_ratio`` returns r(x) itself (importance weights for
     covariate shift, two-sample tests, outlier scores).
 
-    Parameters
-    ----------
-    alpha : float, default=1e-3
-        Regularisation strength nu of |f|^2.
-{POOL_DOC}
-    step_size : float or "auto", default="auto"
-        gamma_0; "auto" is n_q / (n lambda_1): the inverse curvature of the exp
-        term at the start (weight n / n_q, f = 0) times the top eigenvalue
-        lambda_1 of the kernel operator on a 1000-row sample.
-
     Attributes
     ----------
     coef_ : ndarray (n_features_,)
@@ -56,33 +47,16 @@ class DSGDensityRatio(PoolEstimator):
 
     def __init__(self, *, alpha: float = 1e-3, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,
-                 batch_size: int | str = "auto", n_epochs: int = 5,
-                 step_size: float | str = "auto", step_decay: float | str = "auto",
-                 lanes: int | str = "auto", local_steps: int | str = "auto", random_state: int = 0,
-                 client: Any = None, verbose: bool = False, checkpoint: str | None = None,
-                 checkpoint_every: int = 0, resume: bool = False) -> None:
-        self.alpha = alpha
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.lanes = lanes
-        self.local_steps = local_steps
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+                 batch_size: int | str = "auto", n_epochs: int = 5, step_size: float | str = "auto",
+                 step_decay: float | str = "auto", lanes: int | str = "auto",
+                 local_steps: int | str = "auto", random_state: int = 0, client: Any = None,
+                 verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
+        self._store_params(locals())
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:
         """Fit log p/q from a sample of p (numerator) and a sample of q (denominator)."""
-        X_numerator = self._start_fit(X_numerator)
-        check_positive("alpha", self.alpha)
+        fit = FitContext(self, X_numerator, target="none")
         if hasattr(self, "n_features_in_"):  # in-memory numerator: the same columns, by name too
             path = isinstance(X_denominator, (str, os.PathLike))
             width = () if path else np.shape(X_denominator)[1:2]
@@ -91,7 +65,7 @@ class DSGDensityRatio(PoolEstimator):
                                  f"has {width[0]}; both samples must have the same features")
             X_denominator = validate_predict_input(self, X_denominator, "X_denominator",
                                                    finite=False)
-        data, n_p, n_q = _two_samples(X_numerator, X_denominator, self.random_state_)
+        fit.data, n_p, n_q = _two_samples(fit.X, X_denominator, self.random_state_)
         n = n_p + n_q
         alpha = float(self.alpha)
 
@@ -103,8 +77,8 @@ class DSGDensityRatio(PoolEstimator):
             return DensityRatioProgram(features, n_blocks, alpha, step, decay,
                                        weight_numerator=n / n_p, weight_denominator=n / n_q)
 
-        with connect(self.client) as client:
-            self._fit_program(data, client, program)
+        with fit:
+            self._fit_pool(fit, program)
         self.n_numerator_, self.n_denominator_ = n_p, n_q
         return self
 

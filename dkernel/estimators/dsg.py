@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dask.array as da
@@ -13,34 +11,22 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.metaestimators import available_if
 
-from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.data.validate import check_positive
-from dkernel.engine import Engine, connect
+from dkernel.data.dataset import Dataset
+from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
-    accuracy_any,
     apply_rows,
     bandwidth_rows,
-    binary_margin,
-    check_common_params,
-    discover_classes,
-    labels_for_file,
-    r2_score_any,
-    resolve_bandwidth,
-    resolve_random_state,
     sample_rows,
-    score_targets,
-    validate_fit_input,
-    validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import (
-    EpochMonitor,
-    check_early_stopping_params,
     history_meta,
     set_history,
-    split_validation,
     validation_score,
 )
+from dkernel.estimators.spec import documented
+from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
@@ -67,72 +53,8 @@ _CURVATURE = {**_STEP_SCALE, "softmax": 2.0}
 _PRECONDITIONER_ROWS = 4000
 _PRECONDITIONER_PAIRS = 513
 
-_DOC_PARAMS = """
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-        Kernel scale; "auto" is the median heuristic on a sample of rows.
-    n_features : int, default=4096
-        Size D of the feature pool: after D / block_size steps, existing seeds
-        are revisited (block-coordinate SGD on a fixed pool).  Rounded up to
-        whole blocks; the pool's size is ``n_features_``.
-    block_size : int, default=256
-        Features B drawn per step (one seed).
-    alpha : float, default=1e-6
-        Regularisation strength nu: every step shrinks old blocks by (1 - gamma nu).
-    batch_size : int or "auto", default="auto"
-        Rows per step, spread over ``lanes`` chunks.  "auto" with the
-        preconditioner: ``lanes`` x rows whose D features are 2^27 feature
-        evaluations (65536 rows at D = 2048, clipped to [1024, 65536]), wide
-        enough that a step's compute dwarfs its fixed cost; without it, 512.
-        Stored as ``batch_size_``.
-    n_epochs : int, default=5
-    step_size : float or "auto", default="auto"
-        gamma_0.  "auto": with the preconditioner c_loss eta(batch) / 2, eta
-        EigenPro's step for the preconditioned spectrum; without it,
-        c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
-        operator on a 1000-row sample; either with alpha's curvature added,
-        1 / (1 / gamma + alpha), so that the ridge term's shrink
-        1 - gamma alpha stays in (0, 1).  Stored as ``step_size_``.  A step
-        that makes the loss blow up is undone and halved (recorded in
-        ``step_backoffs_``).
-    step_decay : float, default=1e-3
-        gamma_t = step_size / (1 + step_decay * t).
-    preconditioner : {"eigenpro", None}, default="eigenpro"
-        "eigenpro": every step updates the whole pool through EigenPro's
-        preconditioner, the top eigenpairs of the pool's feature covariance
-        on a 4000-row sample (q_ of them, so that the critical batch reaches
-        ``batch_size``).  None: Dai et al.'s Alg. 1 as printed, one block of
-        B features per step.
-    lanes : int or "auto", default="auto"
-        Chunks sharing one step (parallel width; the model depends on it, not
-        on the number of workers).  "auto" is one per worker thread; stored as
-        ``lanes_`` (pass it back to reproduce the fit on another cluster).
-    random_state : int, RandomState, Generator or None, default=0
-        Global seed of features and shuffling; anything but an int is turned
-        into one integer seed at fit, stored as ``random_state_``.
-    client : distributed.Client, optional
-        Cluster to run on; None means the current client or a new LocalCluster.
-    verbose : bool, default=False
-        Progress line on stderr.
-    checkpoint : str, optional
-        Checkpoint file written every ``checkpoint_every`` steps; with
-        ``resume=True`` a fit continues from it and ends with the same model.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows, score the model on them
-        after each epoch (accuracy, or R^2 for regression), stop after
-        ``n_iter_no_change`` epochs without improvement and keep the best
-        epoch's coefficients (as :class:`EigenProClassifier` does).
-    validation_fraction : float, default=0.1
-    n_iter_no_change : int, default=2
-    average : bool, default=False
-        Return the average of all iterates, (1/t) sum_i f_i, instead of the
-        last one, as scikit-learn's ``SGDRegressor(average=True)``; Dai et
-        al.'s O(1/t) figure (Fig. 4(2)) is of this average.  It costs
-        O(coefficients changed) a step: one block without the
-        preconditioner, all D with it.
-"""
-
-_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : resolved settings (saved with the model)
+_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : int or float
+        The resolved settings (saved with the model).
     step_backoffs_ : list of dict
         Steps the divergence guard undid and halved (empty when none).
     history_ : list of dict
@@ -152,7 +74,6 @@ def _coef(program: DSGProgram, state: dict) -> np.ndarray:
 
 
 class _DSGBase(BaseEstimator):
-    _task = ""
     _default_loss = ""
 
     def __init__(self, *, kernel: str = "gaussian", bandwidth: float | str = "auto",
@@ -161,57 +82,25 @@ class _DSGBase(BaseEstimator):
                  step_size: float | str = "auto", step_decay: float = 1e-3,
                  preconditioner: str | None = "eigenpro", lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
-                 checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False, early_stopping: bool = False,
-                 validation_fraction: float = 0.1, n_iter_no_change: int = 2,
-                 average: bool = False) -> None:
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.block_size = block_size
-        self.loss = loss
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.preconditioner = preconditioner
-        self.lanes = lanes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.average = average
+                 checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+                 early_stopping: bool = False, validation_fraction: float = 0.1,
+                 n_iter_no_change: int = 2, average: bool = False) -> None:
+        self._store_params(locals())
 
     def _check_params(self) -> None:
-        check_common_params(self)
-        if not isinstance(self.average, (bool, np.bool_)):
-            raise ValueError(f"average must be True or False, got {self.average!r}")
-        check_positive("block_size", self.block_size, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-            if float(self.step_size) * float(self.alpha) >= 2:
-                # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
-                # step shrinks the zero model by 1 - 1 = 0, later ones by less)
-                raise ValueError(
-                    f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
-                    f"the ridge term alone makes the first steps diverge (each scales the model "
-                    f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
-                    f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
-        check_positive("step_decay", self.step_decay, allow_zero=True)
-        if self.lanes != "auto":
-            check_positive("lanes", self.lanes, integer=True)
-        if self.preconditioner not in ("eigenpro", None):
-            raise ValueError(f"preconditioner must be 'eigenpro' or None, got {self.preconditioner!r}")
-        check_early_stopping_params(self)
+        super()._check_params()
+        if self.step_size != "auto" and float(self.step_size) * float(self.alpha) >= 2:
+            # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
+            # step shrinks the zero model by 1 - 1 = 0, later ones by less)
+            raise ValueError(
+                f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
+                f"the ridge term alone makes the first steps diverge (each scales the model "
+                f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
+                f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
-            raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of {', '.join(allowed)}")
+            raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of "
+                             f"{', '.join(allowed)}")
         self._loss_spec()  # checks epsilon / quantile
 
     def _loss_spec(self) -> LossSpec:
@@ -223,43 +112,25 @@ class _DSGBase(BaseEstimator):
     def _loss(self) -> str:
         return self._default_loss if self.loss is None else self.loss
 
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        raise NotImplementedError
-
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
-        self._check_params()
-        # scikit-learn contract: validation, label codes, the integer seed ------------
-        X, y, labels = validate_fit_input(self, X, y, target=self._task)
-        self.random_state_ = resolve_random_state(self.random_state)
-        # -------------------------------------------------------------------------
-        data = full = open_dataset(X, y, require_y=True)
-        with connect(self.client) as client:
+        with FitContext(self, X, y, target=self._task) as fit:
+            full = fit.data
             # one read serves the bandwidth and the preconditioner (a store's
             # sample touches up to 64 chunks; reading them twice cost ~1 s a fit)
             shared = self.preconditioner == "eigenpro" and not self.early_stopping
-            # the pass over y (its mean or classes) runs on the cluster while the
-            # sample is read: both are fixed costs of every fit
-            with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(self._encoding, data, client)
-                rows = (sample_rows(data, self.random_state_, client, size=_PRECONDITIONER_ROWS)
-                        if shared else sample_rows(data, self.random_state_, client))
-                encoding = pending.result()
+            rows, encoding = fit.sample_while(lambda: self._encoding(full, fit.client),
+                                              _PRECONDITIONER_ROWS if shared else 1000)
             sample = bandwidth_rows(rows, self.random_state_) if shared else rows
-            bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            if labels is not None:  # the workers saw codes 0..c-1; the user sees labels
-                self.classes_ = labels
-            B = min(int(self.block_size), int(self.n_features))
-            n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
-            engine = Engine(client, self._engine_options())
-            val = None
-            if self.early_stopping:
-                data, val = split_validation(data, self.validation_fraction, self.random_state_)
-            self.lanes_ = engine.pin_lanes(data)
+            bandwidth = fit.bandwidth(sample)
+            if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
+                self.classes_ = fit.labels
+            features, n_blocks = fit.feature_map(bandwidth)
+            fit.hold_out()
+            self.lanes_ = fit.engine.pin_lanes(fit.data)
             if self.preconditioner == "eigenpro":
-                program = self._preconditioned_program(engine, data, features, n_blocks, encoding,
-                                                       rows if shared else None)
+                program = self._preconditioned_program(fit.engine, fit.data, features, n_blocks,
+                                                       encoding, rows if shared else None)
             else:
                 self.batch_size_ = 512 if self.batch_size == "auto" else int(self.batch_size)
                 self.q_ = 0
@@ -271,17 +142,13 @@ class _DSGBase(BaseEstimator):
                         float(self.alpha))
                 else:
                     self.step_size_ = float(self.step_size)
-                program = DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
-                                     self.step_size_, float(self.step_decay),
-                                     average=bool(self.average))
-            monitor = self._epoch_monitor(engine, program, val, features, encoding)
-            state = engine.run_steps(
-                data, program, n_epochs=int(self.n_epochs), batch_size=self.batch_size_,
-                random_state=self.random_state_, on_epoch=monitor)
-            self.step_backoffs_ = list(engine.backoffs)
-            state = self._keep_history(monitor, state)
+                program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
+                                     float(self.alpha), self.step_size_,
+                                     float(self.step_decay), average=bool(self.average))
+            state = fit.run_steps(program, self.batch_size_,
+                                  evaluate=self._evaluator(fit, program, features, encoding))
             self._set_fitted(features, encoding, _coef(program, state))
-            self._after_fit(full, engine)
+            self._after_fit(full, fit.engine)
         return self
 
     def _after_fit(self, data: Dataset, engine: Engine) -> None:
@@ -317,75 +184,53 @@ class _DSGBase(BaseEstimator):
         # the loss's full curvature, where a large alpha keeps f (softmax, alpha = 1e-2:
         # the loss rose epoch after epoch).  alpha << lambda_{q+1} changes nothing.
         shift = _CURVATURE[self._loss] * float(self.alpha)
-        return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha), self.step_size_,
-                          float(self.step_decay), preconditioner=pre.shifted(shift), beta=beta + shift,
+        return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
+                          self.step_size_, float(self.step_decay),
+                          preconditioner=pre.shifted(shift), beta=beta + shift,
                           batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
                           average=bool(self.average))
 
-    # history and early stopping (dkernel.estimators.history) --------------------
-    def _epoch_monitor(self, engine: Engine, program: DSGProgram, val: Any, features: FeatureMap,
-                       encoding: TargetEncoding) -> EpochMonitor:
-        """The per-epoch callback: with early stopping the held-out rows ``val``
-        (``validation_fraction`` of the data) are scored after each epoch."""
-        evaluate = None
-        if val is not None:
-            def evaluate(state: dict) -> float:
-                coef = _coef(program, state).astype(features.dtype)
-                spec = {"features": features, "coef": coef}
-                return validation_score(engine, val, self._task, _decision_spec, spec,
-                                        encoding.classes, encoding.offset)
-        return EpochMonitor(engine, program, evaluate, int(self.n_iter_no_change))
+    def _evaluator(self, fit: FitContext, program: DSGProgram, features: FeatureMap,
+                   encoding: TargetEncoding) -> Any:
+        """With early stopping, the score of the held-out rows after an epoch."""
+        if fit.val is None:
+            return None
 
-    def _keep_history(self, monitor: EpochMonitor, state: dict) -> dict:
-        self.history_ = monitor.history()
-        self.validation_scores_ = [e["validation_score"] for e in self.history_
-                                   if "validation_score" in e]
-        self.best_epoch_ = monitor.best_epoch
-        return monitor.final_state(state)
+        def evaluate(state: dict) -> float:
+            spec = {"features": features, "coef": _coef(program, state).astype(features.dtype)}
+            return validation_score(fit.engine, fit.val, self._task, _decision_spec, spec,
+                                    encoding.classes, encoding.offset)
+        return evaluate
 
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
-        self.features_ = features
+        self._keep_pool(features, coef.shape[0])
         self.encoding_ = encoding
         self.coef_ = coef
-        self.bandwidth_ = features.bandwidth
-        self.n_features_in_ = features.n_inputs
-        self.n_features_ = coef.shape[0]
-
-    def _validated(self, X: Any) -> Any:
-        self._check_fitted("coef_")
-        return validate_predict_input(self, X)
 
     def _decision(self, X: Any) -> Any:
         """Raw scores f(X) of validated X, shape (n,) for one output else (n, c);
         lazy for dask input."""
         features, coef = self.features_, self.coef_.astype(self.features_.dtype)
         c = coef.shape[1]
-        f = apply_rows(lambda Xb: _decision_block(Xb, features, coef), X, c, np.dtype(features.dtype))
+        f = apply_rows(lambda Xb: _decision_block(Xb, features, coef), X, c,
+                       np.dtype(features.dtype))
         return f[:, 0] if c == 1 else f
 
     # model files --------------------------------------------------------------
     def _get_model_state(self) -> tuple[dict, dict]:
         self._check_fitted("coef_")
-        e = self.encoding_
-        arrays = {"coef": self.coef_, "classes": np.asarray(e.classes),
-                  "offset": np.asarray(e.offset, dtype=np.float64)}
-        if hasattr(self, "classes_"):
-            arrays["labels"] = labels_for_file(self.classes_)
-        return (arrays,
-                {"features": self.features_.to_dict(), "encoding": e.kind,
+        return (self._encoding_arrays(),
+                {"features": self.features_.to_dict(), "encoding": self.encoding_.kind,
                  **{k: _json(getattr(self, k)) for k in _RESOLVED if hasattr(self, k)},
                  **history_meta(self)})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
-                             tuple(arrays["offset"].tolist()))
-        self._set_fitted(FeatureMap.from_dict(meta["features"]), enc, arrays["coef"])
+        self._set_fitted(FeatureMap.from_dict(meta["features"]),
+                         self._load_encoding(arrays, meta), arrays["coef"])
         for k in _RESOLVED:
             if k in meta:
                 setattr(self, k, meta[k])
         set_history(self, meta)
-        if enc.kind != "regression":  # files before label codes have no "labels"
-            self.classes_ = arrays.get("labels", arrays["classes"])
 
 
 #: Settings resolved at fit time ("auto" values included) that determine the
@@ -413,29 +258,13 @@ def _decision_spec(Xb: Any, spec: dict) -> Any:
     return _decision_block(Xb, spec["features"], spec["coef"])
 
 
-class DSGRegressor(RegressorMixin, _DSGBase):
+@documented
+class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
     With ``loss="squared"`` this is kernel ridge regression; "huber",
     "epsilon_insensitive" and "quantile" are also available.
 
-    Parameters
-    ----------
-    loss : str, default=None (meaning "squared")
-    epsilon : float, default=0.1
-        Threshold of the "huber" loss (quadratic within epsilon of the target,
-        linear beyond) and half-width of the "epsilon_insensitive" tube, as in
-        scikit-learn's ``SGDRegressor``.  Ignored by the other losses.
-    quantile : float, default=0.5
-        Level tau in (0, 1) of the "quantile" (pinball) loss, as in
-        scikit-learn's ``QuantileRegressor``: the fit estimates the tau-quantile
-        of y given x.  Ignored by the other losses.
-    posterior_variance : bool, default=False
-        Also fit the Gaussian-process posterior variance (Dai et al. App. D),
-        for ``predict(X, return_std=True)``: one more pass and a
-        n_features x n_features eigendecomposition (n_features <= 8192).
-        Squared loss only (the GP mean).
-{_DOC_PARAMS}
     Attributes
     ----------
     coef_ : ndarray (n_features_, n_outputs)
@@ -454,41 +283,25 @@ class DSGRegressor(RegressorMixin, _DSGBase):
     >>> model.score(X, y) > 0.9
     True
     """
-    _task = "regression"
     _default_loss = "squared"
-
-    def __sklearn_tags__(self) -> Any:
-        tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True  # 2-D y: one output per column
-        return tags
 
     def __init__(self, *, epsilon: float = 0.1, quantile: float = 0.5,
                  posterior_variance: bool = False, **params: Any) -> None:
         super().__init__(**params)
-        self.epsilon = epsilon
-        self.quantile = quantile
-        self.posterior_variance = posterior_variance
+        self._store_params(locals())
 
     # get_params / clone / repr read the signature: the shared parameters of
     # _DSGBase plus the regressor's own (one list of defaults, in _DSGBase)
     __init__.__signature__ = _extended_signature(_DSGBase.__init__, __init__)  # type: ignore[attr-defined]
 
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        y = data.y
-        mean = (data.host[1].mean(axis=0) if data.host is not None
-                else client.compute(y.astype(np.float64).mean(axis=0)).result())
-        return TargetEncoding("regression", offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
-
-    def fit(self, X: Any, y: Any = None) -> DSGRegressor:
-        """Fit on X (array or store path) and y (or the store's ``y``); with
-        ``posterior_variance=True`` one more pass for the GP posterior variance."""
-        if self.posterior_variance:  # before the long part
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.posterior_variance:
             if self._loss != "squared":
                 raise ValueError(
                     f"posterior_variance=True is the Gaussian-process posterior, whose mean is "
                     f"the squared loss's fit; loss={self.loss!r} has no such model")
             gp.check_pool_size(int(self.n_features))
-        return super().fit(X, y)
 
     def _after_fit(self, data: Dataset, engine: Engine) -> None:
         if hasattr(self, "gp_factor_"):
@@ -519,9 +332,7 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         returns the same), not of y.
         """
         X = self._validated(X)
-        f = self._decision(X).astype(np.float64)  # + the mean of y, which float32 would round
-        off = np.asarray(self.encoding_.offset, dtype=np.float64)
-        mean = f + (off[0] if f.ndim == 1 else off)
+        mean = self._mean(X)
         if not return_std:
             return mean
         if not hasattr(self, "gp_factor_"):
@@ -543,57 +354,27 @@ class DSGRegressor(RegressorMixin, _DSGBase):
         if "gp_factor" in arrays:
             self.gp_factor_ = arrays["gp_factor"]
 
-    def score(self, X: Any, y: Any = None) -> float:
-        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
-        X, y = score_targets(X, y)
-        return r2_score_any(y, self.predict(X))
 
-
-class DSGClassifier(ClassifierMixin, _DSGBase):
+@documented
+class DSGClassifier(ClassifierOutputs, ClassifierMixin, _DSGBase):
     __doc__ = f"""Kernel classification by doubly stochastic functional gradients.
 
     ``loss="softmax"`` (default) is multinomial logistic regression; "hinge"
     (SVM), "squared_hinge" and "logistic" train one-vs-rest scores on shared
     features (one +-1 column for two classes).
 
-    Parameters
-    ----------
-    loss : str, default=None (meaning "softmax")
-{_DOC_PARAMS}
     Attributes
     ----------
     classes_ : ndarray
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
 {_DOC_ATTRIBUTES}    """
-    _task = "classification"
     _default_loss = "softmax"
 
-    def _encoding(self, data: Any, client: Any) -> TargetEncoding:
-        classes = discover_classes(data, client)
-        self.classes_ = classes
+    def _encoding_kind(self, classes: np.ndarray) -> str:
         if self._loss == "softmax":
-            kind = "onehot"
-        else:
-            kind = "binary" if classes.size == 2 else "ovr"
-        return TargetEncoding(kind, classes=tuple(classes.tolist()))
-
-    def decision_function(self, X: Any) -> Any:
-        """Scores, shape (n,) for two classes (positive means ``classes_[1]``), else
-        (n, n_classes); lazy for dask input."""
-        return binary_margin(self._decision(self._validated(X)))
-
-    def predict(self, X: Any) -> Any:
-        """Predicted labels; lazy dask array for dask input."""
-        f = self._decision(self._validated(X))
-        classes = np.asarray(self.classes_)
-        if f.ndim == 1:
-            idx = (f > 0).astype(np.int64)
-        else:
-            idx = f.argmax(axis=1)
-        if isinstance(idx, da.Array):
-            return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
-        return classes[idx]
+            return "onehot"
+        return "binary" if classes.size == 2 else "ovr"
 
     @available_if(lambda self: self._loss in ("softmax", "logistic"))
     def predict_proba(self, X: Any) -> Any:
@@ -607,8 +388,3 @@ class DSGClassifier(ClassifierMixin, _DSGBase):
         if f.ndim == 1:
             return xp.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)
-
-    def score(self, X: Any, y: Any = None) -> float:
-        """Mean accuracy (y may be omitted for a store holding ``y``)."""
-        X, y = score_targets(X, y)
-        return accuracy_any(y, self.predict(X), self.classes_)

@@ -28,21 +28,11 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.dataset import Dataset, open_dataset
-from dkernel.data.validate import check_positive
 from dkernel.engine import Engine
 
 #: The keys every history entry has; plots draw the other numeric ones.
 BOOKKEEPING = ("epoch", "steps", "rows", "seconds", "compute_seconds", "busy", "update_seconds",
                "wait_seconds", "straggler_seconds", "step_backoffs", "step_scale")
-
-
-def check_early_stopping_params(est: Any) -> None:
-    """Checks of ``early_stopping`` / ``validation_fraction`` / ``n_iter_no_change``."""
-    if not isinstance(est.early_stopping, (bool, np.bool_)):
-        raise ValueError(f"early_stopping must be True or False, got {est.early_stopping!r}")
-    if not (0 < est.validation_fraction < 1):
-        raise ValueError(f"validation_fraction must be in (0, 1), got {est.validation_fraction!r}")
-    check_positive("n_iter_no_change", est.n_iter_no_change, integer=True)
 
 
 def subset_rows(data: Dataset, idx: np.ndarray) -> Dataset:
@@ -147,14 +137,9 @@ class EpochMonitor:
         ``extra(state) -> dict`` of more per-epoch numbers (e.g. an objective).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        program: Any,
-        evaluate: Callable[[dict], float] | None = None,
-        n_iter_no_change: int = 2,
-        extra: Callable[[dict], dict] | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, program: Any,
+                 evaluate: Callable[[dict], float] | None = None, n_iter_no_change: int = 2,
+                 extra: Callable[[dict], dict] | None = None) -> None:
         self.engine, self.program, self.evaluate = engine, program, evaluate
         self.n_iter_no_change = int(n_iter_no_change)
         self.extra = extra

@@ -4,8 +4,9 @@
 A file records the class by its name, never by its module, so a file still
 loads after a class moves between modules.  Every public estimator class of
 dkernel registers its name when it is defined
-(``BaseEstimator.__init_subclass__``); :func:`dkernel.io.load_model` imports
-:mod:`dkernel.estimators`, which defines them all, before it looks a name up.
+(``BaseEstimator.__init_subclass__``); :mod:`dkernel.estimators` imports its
+classes on first use, so :func:`estimator_class` imports every estimator
+module before it looks a name up.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def register(cls: type) -> None:
 
 def estimator_class(name: str) -> type | None:
     """The registered estimator class called ``name``, None if there is none."""
+    if name not in _CLASSES:
+        import dkernel.estimators as estimators
+
+        for public in estimators.__all__:  # defining a class registers it
+            getattr(estimators, public)
     return _CLASSES.get(name)
 
 

@@ -6,14 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.dataset import open_dataset
-from dkernel.engine import connect
-from dkernel.estimators.pool import POOL_DOC, PoolEstimator
+from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.pool import PoolEstimator
+from dkernel.estimators.spec import documented
 from dkernel.solvers.novelty import OneClassProgram
 
 
+@documented
 class DSGOneClassSVM(PoolEstimator):
-    __doc__ = f"""Unsupervised outlier (novelty) detection: the one-class SVM by doubly
+    __doc__ = """Unsupervised outlier (novelty) detection: the one-class SVM by doubly
     stochastic functional gradients (Dai et al. 2014, section 4).
 
     Solves min over f and the offset tau of
@@ -25,16 +26,6 @@ class DSGOneClassSVM(PoolEstimator):
     ``predict`` is +1 (inlier) or -1 (outlier).  f is on Schoelkopf's scale
     (|f| <= max k(x, x)); scikit-learn's ``OneClassSVM`` reports it multiplied
     by nu * n_samples.
-
-    Parameters
-    ----------
-    nu : float in (0, 1], default=0.5
-        Upper bound on the fraction of training outliers and lower bound on the
-        fraction of support vectors; also the regularisation strength.
-{POOL_DOC}
-    step_size : float or "auto", default="auto"
-        gamma_0; "auto" is 1 (f and the offset live on the scale of
-        k(x, x) = 1).  With ``step_decay="auto"`` gamma_t = 1 / (1 + nu t).
 
     Attributes
     ----------
@@ -64,43 +55,21 @@ class DSGOneClassSVM(PoolEstimator):
 
     def __init__(self, *, nu: float = 0.5, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,
-                 batch_size: int | str = "auto", n_epochs: int = 5,
-                 step_size: float | str = "auto", step_decay: float | str = "auto",
-                 lanes: int | str = "auto", local_steps: int | str = "auto", random_state: int = 0,
-                 client: Any = None, verbose: bool = False, checkpoint: str | None = None,
-                 checkpoint_every: int = 0, resume: bool = False) -> None:
-        self.nu = nu
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.step_size = step_size
-        self.step_decay = step_decay
-        self.lanes = lanes
-        self.local_steps = local_steps
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+                 batch_size: int | str = "auto", n_epochs: int = 5, step_size: float | str = "auto",
+                 step_decay: float | str = "auto", lanes: int | str = "auto",
+                 local_steps: int | str = "auto", random_state: int = 0, client: Any = None,
+                 verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
+        self._store_params(locals())
 
     def fit(self, X: Any, y: Any = None) -> DSGOneClassSVM:
         """Fit on X (array or store path); y is ignored."""
-        X = self._start_fit(X)
-        if not (isinstance(self.nu, (int, float)) and 0 < self.nu <= 1):
-            raise ValueError(f"nu must be in (0, 1], got {self.nu!r}")
-        data = open_dataset(X)
-        data.y = None
-        nu = float(self.nu)
-        # f and tau live on the scale of k(x, x) = 1: a first step of 1 moves them by O(1)
-        step, decay = self._steps(nu, 1.0)
-        with connect(self.client) as client:
-            state = self._fit_program(
-                data, client, lambda features, n_blocks, sample: OneClassProgram(
-                    features, n_blocks, nu, step, decay))
+        with FitContext(self, X, target="none") as fit:
+            nu = float(self.nu)
+            # f and tau live on the scale of k(x, x) = 1: a first step of 1 moves them by O(1)
+            step, decay = self._steps(nu, 1.0)
+            state = self._fit_pool(fit, lambda features, n_blocks, sample: OneClassProgram(
+                features, n_blocks, nu, step, decay))
         self.offset_ = float(state["offset_avg"])
         return self
 

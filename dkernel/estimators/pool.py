@@ -8,122 +8,44 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.dataset import Dataset
-from dkernel.data.validate import check_positive
-from dkernel.engine import Engine
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    check_common_params,
-    resolve_bandwidth,
-    resolve_random_state,
-    sample_rows,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
-
-POOL_DOC = """
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-        Kernel scale; "auto" is the median heuristic on a sample of rows.
-    n_features : int, default=2048
-        Size D of the random feature pool; f = z^T w with z.z ~ k.
-    block_size : int, default=256
-        Features per seed (block) of the pool.
-    batch_size : int or "auto", default="auto"
-        Rows per step, spread over ``lanes`` chunks: each lane's local step
-        takes ceil(batch_size / lanes) of its rows.  "auto": 256 a lane, at
-        least 512 (a local step of a few rows is Python overhead, not compute).
-        Stored as ``batch_size_``.
-    n_epochs : int, default=5
-    step_decay : float or "auto", default="auto"
-        gamma_t = step_size / (1 + step_decay * t).  "auto" is nu * step_size
-        (nu the strong convexity, ``nu`` or ``alpha``), so that gamma_t tends
-        to 1 / (nu t), the rate-optimal schedule of Pegasos and of Dai et
-        al.'s theorems, without their huge first steps.  The model is the
-        polynomial-decay average of the iterates (Shamir & Zhang 2013).
-    lanes : int or "auto", default="auto"
-        Chunks sharing one round (parallel width; the model depends on it, not
-        on the number of workers).  "auto" is one per worker thread; stored as
-        ``lanes_`` (pass it back to reproduce the fit on another cluster).
-    local_steps : int or "auto", default="auto"
-        Steps each lane takes on its own rows between two averages of the
-        lanes' iterates (a round, one engine step: local SGD).  1 is the
-        synchronous step on the whole batch.  "auto": a lane's round is about
-        2^27 feature evaluations (65536 rows at n_features=2048, 128 local
-        steps of 512 rows), so its compute dwarfs the round trip, but at least
-        8 rounds an epoch.  Stored as ``local_steps_``.
-    random_state : int, RandomState, Generator or None, default=0
-        Global seed of features and shuffling; anything but an int is turned
-        into one integer seed at fit, stored as ``random_state_``.
-    client : distributed.Client, optional
-        Cluster to run on; None means the current client or a new LocalCluster.
-    verbose : bool, default=False
-    checkpoint, checkpoint_every, resume
-        Checkpoint file, interval in steps, and whether to continue from it.
-"""
 
 
 class PoolEstimator(BaseEstimator):
     """Fit plumbing for a :class:`PoolProgram`; subclasses build the program."""
 
-    def _check_pool_params(self) -> None:
-        check_common_params(self)
-        check_positive("block_size", self.block_size, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-        if self.step_decay != "auto":
-            check_positive("step_decay", self.step_decay, allow_zero=True)
-        for name in ("lanes", "local_steps"):
-            if getattr(self, name) != "auto":
-                check_positive(name, getattr(self, name), integer=True)
-
-    def _start_fit(self, X: Any) -> Any:
-        """Check the settings and X (in-memory X through scikit-learn's checks, which
-        set ``n_features_in_`` and ``feature_names_in_``) and resolve the seed."""
-        self._check_pool_params()
-        X, _, _ = validate_fit_input(self, X, None, target="none")
-        self.random_state_ = resolve_random_state(self.random_state)
-        return X
-
-    def _fit_program(self, data: Dataset, client: Any, make_program: Any) -> dict[str, Any]:
+    def _fit_pool(self, fit: FitContext, make_program: Any) -> dict[str, Any]:
         """Resolve bandwidth, pool and widths, run ``make_program(features, n_blocks, sample)``."""
-        sample = sample_rows(data, self.random_state_, client)
-        bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-        B = min(int(self.block_size), int(self.n_features))
-        n_blocks = math.ceil(int(self.n_features) / B)
-        features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
+        sample = fit.sample()
+        features, n_blocks = fit.feature_map(fit.bandwidth(sample))
         program: PoolProgram = make_program(features, n_blocks, sample)
-        engine = Engine(client, self._engine_options())
-        self.lanes_ = engine.pin_lanes(data)
+        data = fit.data
+        self.lanes_ = fit.engine.pin_lanes(data)
         self.batch_size_ = (max(512, 256 * self.lanes_) if self.batch_size == "auto"
                             else int(self.batch_size))
         share = math.ceil(self.batch_size_ / self.lanes_)  # one lane's rows a local step
         if self.local_steps == "auto":
             # a lane's round: DSG's rows a lane (2^27 feature evaluations), at most
             # an eighth of its rows an epoch
-            rows = min(default_batch(1, n_blocks * B, data.n_rows),
+            rows = min(default_batch(1, n_blocks * features.block_size, data.n_rows),
                        math.ceil(data.n_rows / (8 * self.lanes_)))
             self.local_steps_ = max(1, rows // share)
         else:
             self.local_steps_ = int(self.local_steps)
         program.step_rows = share
         program.cache_blocks = int(self.n_epochs) > 1
-        state = engine.run_steps(data, program, n_epochs=int(self.n_epochs),
-                                 batch_size=self.lanes_ * self.local_steps_ * share,
-                                 random_state=self.random_state_)
-        self.features_ = features
-        self.n_blocks_ = n_blocks
-        self.coef_ = state["w_avg"]
-        self.step_size_ = program.step_size
-        self.step_decay_ = program.step_decay
-        self.history_ = engine.history
-        self.bandwidth_ = bandwidth
-        self.n_features_in_ = data.n_inputs
-        self.n_features_ = n_blocks * B
+        state = fit.run_steps(program, self.lanes_ * self.local_steps_ * share)
+        self._keep_pool(features, n_blocks * features.block_size)
+        self.n_blocks_, self.coef_ = n_blocks, state["w_avg"]
+        self.step_size_, self.step_decay_ = program.step_size, program.step_decay
         return state
 
     def _steps(self, strong_convexity: float, auto_step: float) -> tuple[float, float]:
@@ -149,18 +71,15 @@ class PoolEstimator(BaseEstimator):
                  "local_steps_": self.local_steps_, **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        self.features_ = FeatureMap.from_dict(meta["features"])
-        self.n_blocks_ = int(meta["n_blocks"])
         self.coef_ = arrays["coef"]
+        self._keep_pool(FeatureMap.from_dict(meta["features"]), self.coef_.shape[0])
+        self.n_blocks_ = int(meta["n_blocks"])
         self.step_size_ = meta["step_size_"]
         self.step_decay_ = meta["step_decay_"]
         # files written before rounds of local steps: 4 lanes, one step a round
         self.lanes_ = meta.get("lanes_", 4)
         self.batch_size_ = meta.get("batch_size_", self.batch_size)
         self.local_steps_ = meta.get("local_steps_", 1)
-        self.bandwidth_ = self.features_.bandwidth
-        self.n_features_in_ = self.features_.n_inputs
-        self.n_features_ = self.coef_.shape[0]
         self._set_extra_meta(meta)
 
     def _extra_meta(self) -> dict[str, Any]:

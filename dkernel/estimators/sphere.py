@@ -10,18 +10,17 @@ from typing import Any
 import numpy as np
 from sklearn.base import RegressorMixin
 
-from dkernel.data.dataset import open_dataset
-from dkernel.data.validate import check_positive
-from dkernel.engine import Engine, connect
+from dkernel.engine import EngineOptions
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
     r2_score_any,
     score_targets,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import clean_entry, history_meta, set_history
+from dkernel.estimators.spec import documented
 from dkernel.kernels.zonal import ZonalFeatures
 from dkernel.solvers.sphere import (
     _kernel_eval,
@@ -37,6 +36,7 @@ from dkernel.solvers.sphere import (
 )
 
 
+@documented
 class SphereRegressor(RegressorMixin, BaseEstimator):
     r"""Least-squares regression on the sphere by truncated kernel SGD (T-kernel SGD).
 
@@ -47,41 +47,6 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
     y are fitted one-vs-rest (independent outputs sharing the kernel work).
     See :mod:`dkernel.solvers.sphere` for the update and its blocked form.
     The parameters are named as in Bai & Shi.
-
-    Parameters
-    ----------
-    s : float, default=1.0
-        Smoothness of the kernel: mu_k = (dim Pi_k)^(-2 s).
-    theta : float in (0, 1] or None, default=1/3
-        Truncation level parameter; 1 / (1 + 2 s) balances bias and variance
-        (Theorem 1).  None: no schedule, L_n = max_degree at every step, i.e.
-        plain kernel SGD with the kernel K^{max_degree}.
-    eta0 : float, default=0.5
-        Initial step; needs eta0 * K^L(x, x) < 2.
-    t : float, default=0.0
-        Step decay: eta_n = eta0 * n^-t (0: constant step, the paper's headline).
-    max_degree : int, optional
-        Cap on the truncation level.
-    input_map : {"normalize", "stereographic"}, default="normalize"
-        How rows reach the sphere: x / |x|, or the inverse stereographic
-        projection of x / scale onto S^p (one-to-one; for data that is not
-        spherical, adds one coordinate).
-    scale : float, default=1.0
-        Scale of the stereographic map.
-    form : {"auto", "features", "kernel"}, default="auto"
-        Representation of f: coefficients on a basis of Pi_L (spherical
-        harmonics for d = 2, 3, monomials for low degree otherwise) or the
-        kernel expansion over the training points; "auto" picks the cheaper.
-    block_size : int, default=256
-        Rows per exact blocked update (triangular solve of this size).
-    n_epochs : int, default=1
-        Passes over the data; the step counter n continues across passes.
-    record_at : sequence of int, optional
-        Step counts n at which the averaged model is kept, for learning
-        curves (:meth:`staged_predict`).
-    client, verbose, checkpoint, checkpoint_every, resume
-        As in the other estimators; a checkpoint is written every
-        ``checkpoint_every`` chunks.
 
     Attributes
     ----------
@@ -117,50 +82,20 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                  t: float = 0.0, max_degree: int | None = None, input_map: str = "normalize",
                  scale: float = 1.0, form: str = "auto", block_size: int = 256, n_epochs: int = 1,
                  record_at: Any = None, client: Any = None, verbose: bool = False,
-                 checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False) -> None:
-        self.s = s
-        self.theta = theta
-        self.eta0 = eta0
-        self.t = t
-        self.max_degree = max_degree
-        self.input_map = input_map
-        self.scale = scale
-        self.form = form
-        self.block_size = block_size
-        self.n_epochs = n_epochs
-        self.record_at = record_at
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+                 checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
+        self._store_params(locals())
 
     def _check_params(self) -> None:
-        check_positive("s", self.s)
-        if self.theta is not None:
-            check_positive("theta", self.theta)
-            if self.theta > 1:
-                raise ValueError(f"theta must be in (0, 1], got {self.theta!r}")
-        elif self.max_degree is None:
-            raise ValueError("theta=None (plain kernel SGD) needs max_degree, the fixed truncation level")
-        check_positive("eta0", self.eta0)
-        check_positive("t", self.t, allow_zero=True)
-        if self.max_degree is not None:
-            check_positive("max_degree", self.max_degree, integer=True, allow_zero=True)
-        if self.input_map not in ("normalize", "stereographic"):
-            raise ValueError(f"input_map must be 'normalize' or 'stereographic', got {self.input_map!r}")
-        check_positive("scale", self.scale)
-        if self.form not in ("auto", "features", "kernel"):
-            raise ValueError(f"form must be 'auto', 'features' or 'kernel', got {self.form!r}")
-        check_positive("block_size", self.block_size, integer=True)
-        check_positive("n_epochs", self.n_epochs, integer=True)
+        super()._check_params()
+        if self.theta is None and self.max_degree is None:
+            raise ValueError("theta=None (plain kernel SGD) needs max_degree, the fixed "
+                             "truncation level")
 
     def fit(self, X: Any, y: Any = None) -> SphereRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""
-        self._check_params()
-        X, y, _ = validate_fit_input(self, X, y, target="regression",
-                                     dtype=[np.float64, np.float32])
-        data = open_dataset(X, y, require_y=True)
+        fit = FitContext(self, X, y, target="regression", dtype=[np.float64, np.float32])
+        data = fit.data
         d = sphere_dim(data.n_inputs, self.input_map)
         if d < 2:
             raise ValueError("X has 1 feature(s): normalising it onto S^0 loses everything; "
@@ -173,18 +108,20 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                                block_size=self.block_size, record_at=tuple(self.record_at or ()),
                                n_rows=data.n_rows)
         check_step(float(self.eta0), d, float(self.s), payload["max_level"])
-        # float64 chunks: the recurrences and triangular solves are checked to
-        # 1e-10 against the per-point loop, which float32 inputs cannot give.
-        options = dataclasses.replace(self._engine_options(), dtype="float64")
-        with connect(self.client) as client:
+        with fit:
             t0 = time.time()  # the folds stamp each pass's end with the same (wall) clock
-            state = Engine(client, options).scan(
+            state = fit.engine.scan(
                 data, sphere_prepare, sphere_fold, init_state(payload), payload,
                 n_epochs=int(self.n_epochs), fingerprint=fingerprint(payload), label="sphere",
                 pass_start=True)
         self._set_fitted(payload, state, data.n_inputs, N)
         self.history_ = _pass_history(state, data.n_rows, t0)
         return self
+
+    def _engine_options(self) -> EngineOptions:
+        # float64 chunks: the recurrences and triangular solves are checked to
+        # 1e-10 against the per-point loop, which float32 inputs cannot give.
+        return dataclasses.replace(super()._engine_options(), dtype="float64")
 
     def _set_fitted(self, payload: dict, state: dict, n_inputs: int, N: int) -> None:
         self.form_ = payload["form"]
@@ -211,13 +148,17 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
         c = self.n_outputs_
         if self.form_ == "features":
             feats, input_map, scale = self.features_, self.input_map, float(self.scale)
-            fn = lambda Xb: feats.transform(to_sphere(Xb, input_map, scale)) @ coef
+
+            def fn(Xb: Any) -> Any:
+                return feats.transform(to_sphere(Xb, input_map, scale)) @ coef
         else:
             alpha = self.dual_coef_ if N is None else averaged_kernel_coefficients(self.alpha_, N)
             n = alpha.shape[0]
             sup, lev, d, s = self.support_[:n], self.level_[:n], self.d_, float(self.s)
             input_map, scale = self.input_map, float(self.scale)
-            fn = lambda Xb: _kernel_eval(to_sphere(Xb, input_map, scale), sup, alpha, lev, d, s)
+
+            def fn(Xb: Any) -> Any:
+                return _kernel_eval(to_sphere(Xb, input_map, scale), sup, alpha, lev, d, s)
         f = apply_rows(fn, X, c, np.dtype(np.float64))
         return f[:, 0] if c == 1 else f
 
@@ -268,7 +209,8 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
             self.features_ = ZonalFeatures(**meta["features"])
             self.coef_, self.recorded_coef_ = arrays["coef"], arrays["recorded_coef"]
         else:
-            self.support_, self.alpha_, self.level_ = arrays["support"], arrays["alpha"], arrays["level"]
+            self.support_, self.alpha_ = arrays["support"], arrays["alpha"]
+            self.level_ = arrays["level"]
             self.dual_coef_ = averaged_kernel_coefficients(self.alpha_, self.n_steps_)
 
 

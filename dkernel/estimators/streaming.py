@@ -9,20 +9,14 @@ from typing import Any
 import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
-from dkernel.data.dataset import open_dataset
-from dkernel.data.validate import check_positive
-from dkernel.engine import Engine, connect
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    check_common_params,
-    resolve_bandwidth,
-    resolve_random_state,
-    sample_rows,
-    validate_fit_input,
     validate_predict_input,
 )
+from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.solvers import oja
 
@@ -35,6 +29,7 @@ _STREAM_ROWS = 16384
 _MAX_PASSES = 16
 
 
+@documented
 class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song, Wang, Zhang).
 
@@ -45,42 +40,6 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     folded into the exact blocked update): the components are the top
     eigenvectors of the feature covariance, as in scikit-learn's KernelPCA;
     ``center=False`` gives the paper's uncentred E[z z^T].
-
-    Parameters
-    ----------
-    n_components : int, default=1
-    kernel : {"gaussian", "laplacian", "cauchy"}, default="gaussian"
-    bandwidth : float or "auto", default="auto"
-    n_features : int, default=2048
-        D, the width of the fixed feature map z (z.z ~ k).
-    step_size : float or "auto", default="auto"
-        Constant eta.  "auto" follows Deng et al.'s theorem regime,
-        eta = 2 log D / (n lambda_k): n the number of rows (known before the
-        pass), lambda_k the k-th eigenvalue of the (centred) feature covariance
-        of a 1000-row sample (lambda_1 for one component, as in the paper), so
-        that the k-th direction grows by D^2 over the pass whatever n and the
-        stream noise falls with n; capped at their condition
-        eta <= 0.1 / max|z|^2.  Resolved value: ``eta_``.
-    center : bool, default=True
-        Subtract the running mean of the features (exactly, inside the blocked
-        update); False is the paper's uncentred covariance.
-    block_rows : int, default=512
-        Rows per exact triangular block (memory b^2 per block).
-    n_passes : int or "auto", default="auto"
-        Passes over the rows, in the same order, as one stream of
-        ``n_passes`` x n rows (the step and the Rayleigh quotients' second
-        half count the whole stream).  "auto": one pass when there are at
-        least 16384 rows, else enough passes to stream that many, at most
-        16: one pass over 300 rows missed exact kernel PCA by sin^2 0.56, as
-        the stream noise of Oja's rule falls with the rows it sees
-        (benchmarks/quality.py).  Resolved value: ``n_passes_``.
-    random_state : int, RandomState, Generator or None, default=0
-        Seed of the features and the start; anything but an int becomes one
-        integer seed at fit, stored as ``random_state_``.
-    client : distributed.Client, optional
-    verbose : bool, default=False
-    checkpoint, checkpoint_every, resume
-        Checkpoint file, interval in chunks, and whether to continue from it.
 
     Attributes
     ----------
@@ -100,65 +59,29 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         Passes over the rows, as ``n_passes`` resolved.
     """
 
-    def __init__(
-        self,
-        n_components: int = 1,
-        *,
-        kernel: str = "gaussian",
-        bandwidth: float | str = "auto",
-        n_features: int = 2048,
-        step_size: float | str = "auto",
-        center: bool = True,
-        block_rows: int = 512,
-        n_passes: int | str = "auto",
-        random_state: int = 0,
-        client: Any = None,
-        verbose: bool = False,
-        checkpoint: str | None = None,
-        checkpoint_every: int = 0,
-        resume: bool = False,
-    ) -> None:
-        self.n_components = n_components
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.n_features = n_features
-        self.step_size = step_size
-        self.center = center
-        self.block_rows = block_rows
-        self.n_passes = n_passes
-        self.random_state = random_state
-        self.client = client
-        self.verbose = verbose
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
+    def __init__(self, n_components: int = 1, *, kernel: str = "gaussian",
+                 bandwidth: float | str = "auto", n_features: int = 2048,
+                 step_size: float | str = "auto", center: bool = True, block_rows: int = 512,
+                 n_passes: int | str = "auto", random_state: int = 0, client: Any = None,
+                 verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
+        self._store_params(locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.n_components > self.n_features:
+            raise ValueError(
+                f"n_components={self.n_components} exceeds n_features={self.n_features}")
 
     def fit(self, X: Any, y: Any = None) -> StreamingKernelPCA:
         """One pass over X (array or store path; more on few rows, ``n_passes``);
         y is ignored."""
-        check_common_params(self)
-        check_positive("n_components", self.n_components, integer=True)
-        check_positive("block_rows", self.block_rows, integer=True)
-        if self.n_passes != "auto":
-            check_positive("n_passes", self.n_passes, integer=True)
-        if self.step_size != "auto":
-            check_positive("step_size", self.step_size)
-        if self.n_components > self.n_features:
-            raise ValueError(
-                f"n_components={self.n_components} exceeds n_features={self.n_features}"
-            )
-        X, _, _ = validate_fit_input(self, X, target="none")
-        self.random_state_ = resolve_random_state(self.random_state)
-        data = open_dataset(X)
-        data.y = None
-        center = bool(self.center)
-        with connect(self.client) as client:
+        with FitContext(self, X, target="none") as fit:
+            data, center = fit.data, bool(self.center)
             t0 = time.perf_counter()
-            sample = sample_rows(data, self.random_state_, client)
-            bandwidth = resolve_bandwidth(self.bandwidth, self.kernel, sample)
-            B = min(256, int(self.n_features))
-            n_blocks = math.ceil(int(self.n_features) / B)
-            features = FeatureMap(self.kernel, bandwidth, data.n_inputs, B, self.random_state_)
+            sample = fit.sample()
+            features, n_blocks = fit.feature_map(fit.bandwidth(sample), block_size=256)
+            B = features.block_size
             auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
             self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
                                        else auto_passes)
@@ -168,28 +91,14 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 eta = oja.theorem_step(passes * data.n_rows, n_blocks * B, lam, max_sq)
             else:
                 eta = float(self.step_size)
-            payload = {
-                "features": features,
-                "n_blocks": n_blocks,
-                "eta": eta,
-                "block_rows": int(self.block_rows),
-                "n_total": passes * data.n_rows,
-                "center": center,
-            }
-            state = oja.init_state(
-                n_blocks * B, int(self.n_components), [self.random_state_, 0x0A1A], center
-            )
-            state = Engine(client, self._engine_options()).scan(
-                data,
-                oja.oja_prepare,
-                oja.oja_fold,
-                state,
-                payload,
-                n_epochs=passes,
-                fingerprint=oja.fingerprint(payload),
-                label="oja",
-                pass_start=True,
-            )
+            payload = {"features": features, "n_blocks": n_blocks, "eta": eta,
+                       "block_rows": int(self.block_rows), "n_total": passes * data.n_rows,
+                       "center": center}
+            state = oja.init_state(n_blocks * B, int(self.n_components),
+                                   [self.random_state_, 0x0A1A], center)
+            state = fit.engine.scan(data, oja.oja_prepare, oja.oja_fold, state, payload,
+                                    n_epochs=passes, fingerprint=oja.fingerprint(payload),
+                                    label="oja", pass_start=True)
         V, lam = oja.ordered(state)
         mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])
         self._set_fitted(features, n_blocks, V, lam, eta, mean)
@@ -203,15 +112,10 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self, features: FeatureMap, n_blocks: int, V: np.ndarray, lam: np.ndarray, eta: float,
         mean: np.ndarray,
     ) -> None:
-        self.features_ = features
+        self._keep_pool(features, V.shape[0])
         self.n_blocks_ = int(n_blocks)
-        self.components_ = V
-        self.explained_variance_ = lam
+        self.components_, self.explained_variance_, self.mean_ = V, lam, mean
         self.eta_ = float(eta)
-        self.mean_ = mean
-        self.bandwidth_ = features.bandwidth
-        self.n_features_in_ = features.n_inputs
-        self.n_features_ = V.shape[0]
 
     def feature_map(self, X: Any) -> Any:
         """z(X), the fixed random feature map the components live in (NumPy input)."""

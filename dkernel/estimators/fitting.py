@@ -1,0 +1,136 @@
+"""The fit skeleton every estimator shares: check the parameters, validate the
+input, resolve the seed, open the data, connect, sample rows, pick the
+bandwidth, build the Engine, run the steps under the epoch monitor and keep
+the history and the step back-offs.  An estimator's ``fit`` is then what is
+its own: the program it builds and the state it keeps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from dkernel.data.dataset import Dataset, open_dataset
+from dkernel.engine import Engine, connect
+from dkernel.estimators.base import (
+    _BANDWIDTH_SAMPLE,
+    resolve_bandwidth,
+    resolve_random_state,
+    sample_rows,
+    validate_fit_input,
+)
+from dkernel.estimators.history import EpochMonitor, split_validation
+from dkernel.features import FeatureMap
+
+
+class FitContext:
+    """One fit: ``with FitContext(est, X, y, target=...) as fit:``.
+
+    Before the ``with`` body (and before any cluster) the estimator's
+    parameters are checked (``est._check_params()``), ``X`` and ``y`` go
+    through :func:`~dkernel.estimators.base.validate_fit_input`,
+    ``random_state_`` is resolved and the data opened (``fit.data``;
+    ``fit.labels`` the class labels of in-memory targets).  Inside it,
+    ``fit.client`` and ``fit.engine`` are live.
+
+    Parameters
+    ----------
+    est : BaseEstimator
+    X, y : array, DataFrame, dask array or store path
+    target : {"classification", "regression", "view", "none"}
+        What y is (see :func:`~dkernel.estimators.base.validate_fit_input`).
+    dtype : list of dtypes, optional
+        dtypes in-memory X may keep (default: float32 and float64).
+    """
+
+    def __init__(self, est: Any, X: Any, y: Any = None, *, target: str,
+                 dtype: list | None = None) -> None:
+        est._check_params()
+        X, y, self.labels = validate_fit_input(est, X, y, target=target, dtype=dtype)
+        self.X = X  # as validated (a second sample is checked against it: DSGDensityRatio)
+        if "random_state" in est.get_params(deep=False):
+            est.random_state_ = resolve_random_state(est.random_state)
+        self.est = est
+        self.seed: int = getattr(est, "random_state_", 0)
+        if target == "none":
+            self.data = open_dataset(X)
+            self.data.y = None
+        else:
+            self.data = open_dataset(X, y, require_y=True)
+        self.val: Dataset | None = None
+        self._stack = ExitStack()
+
+    def __enter__(self) -> FitContext:
+        self.client = self._stack.enter_context(connect(self.est.client))
+        self.engine = Engine(self.client, self.est._engine_options())
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._stack.__exit__(*exc)
+
+    # sampling and the kernel ---------------------------------------------------------
+    def sample(self, size: int = _BANDWIDTH_SAMPLE, data: Dataset | None = None) -> np.ndarray:
+        """A seeded sample of ``size`` rows of X (one small read on the cluster)."""
+        return sample_rows(data or self.data, self.seed, self.client, size=size)
+
+    def sample_while(self, work: Callable[[], Any], size: int = _BANDWIDTH_SAMPLE
+                     ) -> tuple[np.ndarray | None, Any]:
+        """(sample, ``work()``): a pass over y (its mean or classes) runs on the
+        cluster while the sample is read (none for ``size=0``); both are fixed
+        costs of every fit."""
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(work)
+            rows = self.sample(size) if size else None
+            return rows, pending.result()
+
+    def bandwidth(self, sample: np.ndarray | None, bandwidth: Any = None,
+                  kernel: str | None = None) -> float:
+        """The estimator's ``bandwidth`` (or the one given) as a number: the
+        median heuristic on ``sample`` for "auto"."""
+        est = self.est
+        return resolve_bandwidth(est.bandwidth if bandwidth is None else bandwidth,
+                                 kernel or est.kernel, sample)
+
+    def feature_map(self, bandwidth: float, n_inputs: int | None = None, *, kernel: str = "",
+                    stream: int = 0, block_size: int | None = None) -> tuple[FeatureMap, int]:
+        """(seeded feature map, number of blocks) of ``n_features`` features in
+        blocks of ``block_size`` (at most n_features; the pool is rounded up to
+        whole blocks)."""
+        est = self.est
+        B = min(int(block_size or est.block_size), int(est.n_features))
+        features = FeatureMap(kernel or est.kernel, bandwidth,
+                              self.data.n_inputs if n_inputs is None else n_inputs, B,
+                              self.seed, stream=stream)
+        return features, math.ceil(int(est.n_features) / B)
+
+    # steps -------------------------------------------------------------------------
+    def hold_out(self) -> None:
+        """With ``early_stopping``: hold out ``validation_fraction`` of the rows
+        (``self.val``) and train on the rest (``self.data``)."""
+        if getattr(self.est, "early_stopping", False):
+            self.data, self.val = split_validation(self.data, self.est.validation_fraction,
+                                                   self.seed)
+
+    def run_steps(self, program: Any, batch_size: int, *,
+                  evaluate: Callable[[dict], float] | None = None,
+                  extra: Callable[[dict], dict] | None = None, **kwargs: Any) -> dict:
+        """``n_epochs`` of synchronous steps under the epoch monitor; the
+        estimator keeps ``history_``, ``step_backoffs_`` and, with validation,
+        ``validation_scores_`` and ``best_epoch_``.  Returns the kept state (the
+        best epoch's with validation)."""
+        est = self.est
+        monitor = EpochMonitor(self.engine, program, evaluate,
+                               int(getattr(est, "n_iter_no_change", 2)), extra)
+        state = self.engine.run_steps(self.data, program, n_epochs=int(est.n_epochs),
+                                      batch_size=int(batch_size), random_state=self.seed,
+                                      on_epoch=monitor, **kwargs)
+        est.step_backoffs_ = list(self.engine.backoffs)
+        est.history_ = monitor.history()
+        est.validation_scores_ = [e["validation_score"] for e in est.history_
+                                  if "validation_score" in e]
+        est.best_epoch_ = monitor.best_epoch
+        return monitor.final_state(state)
