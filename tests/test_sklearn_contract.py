@@ -61,6 +61,12 @@ EXPECTED_FAILED: dict[str, dict[str, str]] = {
         "f is computed in float32 like the feature path (docs/design.md §4): the kernel rows' GEMM "
         "rounds a row's prediction differently (~1e-6) in a batch of another size, above the "
         "check's float64 tolerance of 1e-7")},
+    # float32 features as well: 1.2e-7 apart on a row (8e-7 relative) when run alone,
+    # within 1e-7 in the whole suite, as the BLAS's blocking for each batch size falls
+    "DSGRegressor": {"check_methods_subset_invariance": (
+        "f is computed in float32 (docs/design.md §4): the features' GEMM rounds a row's "
+        "prediction differently (~1e-7) in a batch of another size, at the check's float64 "
+        "tolerance of 1e-7")},
 }
 
 
