@@ -96,7 +96,7 @@ if __name__ == "__main__":
     # The command line: the same fit with --scheduler and the --tls-* flags.
     out = os.path.join(folder, "model.npz")
     cmd = [sys.executable, "-m", "dkernel", "fit", store, "--task", "classification",
-           "--bandwidth", "2", "--features", "512", "--epochs", "3", "--seed", "0",
+           "--bandwidth", "2", "--n-features", "512", "--n-epochs", "3", "--random-state", "0",
            "--scheduler", args.scheduler, "--tls-ca-file", args.tls_ca_file,
            "--tls-cert", args.tls_cert, "--tls-key", args.tls_key, "--out", out,
            "--quiet", "--json"]

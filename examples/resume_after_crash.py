@@ -30,8 +30,8 @@ from dkernel.io import read_npz
 
 # Dai et al.'s block steps (--preconditioner none): a resumed fit replays the
 # very same steps, so the model is bit-identical
-FIT = ["--task", "classification", "--bandwidth", "2", "--features", "512", "--block-size", "64",
-       "--batch-size", "32", "--lanes", "2", "--epochs", "3", "--seed", "0",
+FIT = ["--task", "classification", "--bandwidth", "2", "--n-features", "512", "--block-size", "64",
+       "--batch-size", "32", "--lanes", "2", "--n-epochs", "3", "--random-state", "0",
        "--preconditioner", "none", "--quiet"]
 
 

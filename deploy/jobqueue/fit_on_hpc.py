@@ -6,7 +6,7 @@ workers are batch jobs)::
     pip install dkernel dask-jobqueue
     python deploy/jobqueue/fit_on_hpc.py --system slurm --jobs 4 --queue normal \\
         --account myproject --memory 16GiB --processes 4 --local-directory '$TMPDIR' \\
-        /shared/data/train.zarr --out /shared/models/dsg.npz -- --features 8192 --epochs 5
+        /shared/data/train.zarr --out /shared/models/dsg.npz -- --n-features 8192 --n-epochs 5
 
 ``--print-job-script`` prints the batch script a worker job is submitted with
 and exits (no batch system needed).  Arguments after ``--`` go to
