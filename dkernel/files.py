@@ -58,18 +58,20 @@ def require_protocol(path: str | os.PathLike) -> None:
         return
     import fsspec
 
-    protocol = path.split("://", 1)[0]
-    try:
-        fsspec.get_filesystem_class(protocol)
-    except ImportError as exc:
-        extra = _PROTOCOL_EXTRAS.get(protocol)
-        fix = (f"pip install 'dkernel[{extra}]'" if extra
-               else f"install the fsspec file system for {protocol}://")
-        raise ModuleNotFoundError(f"{protocol}:// URLs need a package that is not installed "
-                                  f"here ({exc}): {fix}", name=protocol) from None
-    except ValueError:
-        raise ValueError(f"{path!r}: fsspec knows no file system for {protocol}://; use a "
-                         "local path or a URL such as s3://bucket/key") from None
+    # a chained URL (simplecache::s3://bucket/key) names one file system a link
+    for link in path.split("::"):
+        protocol = link.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ImportError as exc:
+            extra = _PROTOCOL_EXTRAS.get(protocol)
+            fix = (f"pip install 'dkernel[{extra}]'" if extra
+                   else f"install the fsspec file system for {protocol}://")
+            raise ModuleNotFoundError(f"{protocol}:// URLs need a package that is not installed "
+                                      f"here ({exc}): {fix}", name=protocol) from None
+        except ValueError:
+            raise ValueError(f"{path!r}: fsspec knows no file system for {protocol}://; use a "
+                             "local path or a URL such as s3://bucket/key") from None
 
 
 def file_exists(path: str | os.PathLike) -> bool:

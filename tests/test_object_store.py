@@ -268,3 +268,13 @@ def test_an_s3_url_without_s3fs_names_the_extra_in_one_line(argv, tmp_path):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'dkernel[s3]'" in lines[0], run.stderr
+
+
+def test_a_chained_url_is_checked_link_by_link():
+    """fsspec's chained URLs (simplecache::s3://...) name a file system a link; each
+    must exist, and an unknown one is refused in one line."""
+    from dkernel.files import require_protocol
+
+    require_protocol("simplecache::memory://bucket/store.zarr")
+    with pytest.raises(ValueError, match="no file system for nosuch://"):
+        require_protocol("simplecache::nosuch://bucket/store.zarr")
