@@ -10,6 +10,9 @@ peak worker RSS against the limit, and bytes spilled (expected: none).
     # 1.5x a 24 GB machine:
     python benchmarks/out_of_core.py --gb 36 --inputs 128 --memory-limit 2GiB
     python benchmarks/out_of_core.py --gb 4 --small-gb 0.5 --memory-limit 1GiB   # a quick run
+    # the feature cache on "auto" against "off" on the big store, two epochs each:
+    python benchmarks/out_of_core.py --gb 4 --memory-limit 1GiB --epochs 2 --solvers dsg \
+        --feature-cache auto off
 
 The first command writes 36 GB (about 40 GB free disk needed for both stores).
 128 inputs keep the rows (70M) and so the epoch's arithmetic to minutes on
@@ -63,7 +66,8 @@ class RssSampler:
         self._thread.join()
 
 
-def fit(kind: str, store: str, n_features: int, client) -> dict:
+def fit(kind: str, store: str, n_features: int, client, n_epochs: int = 1,
+        feature_cache: str = "auto") -> dict:
     from dkernel import DSGRegressor, EigenProRegressor
     from dkernel.data import open_dataset
 
@@ -71,9 +75,11 @@ def fit(kind: str, store: str, n_features: int, client) -> dict:
     n = open_dataset(store).n_rows
     with RssSampler(client) as rss:
         t0 = time.perf_counter()
-        cls(n_features=n_features, n_epochs=1, client=client, verbose=True).fit(store)
+        est = cls(n_features=n_features, n_epochs=n_epochs, feature_cache=feature_cache,
+                  client=client, verbose=True).fit(store)
         seconds = time.perf_counter() - t0
-    return {"rows": n, "seconds": seconds, "rows_per_s": n / seconds,
+    return {"rows": n * n_epochs, "seconds": seconds, "rows_per_s": n * n_epochs / seconds,
+            "feature_cache": est.feature_cache_,
             "peak_rss_bytes": max(rss.peak.values()) if rss.peak else None,
             "spilled_bytes": sum(client.run(_spilled).values())}
 
@@ -89,6 +95,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--memory-limit", default="2GiB")
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"], choices=["dsg", "eigenpro"])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--feature-cache", nargs="+", default=None, metavar="MODE",
+                   help="fit the big store once per mode (auto, float32, fixed16, off) and "
+                        "compare rows/s, instead of big against small")
     args = p.parse_args()
 
     from dask.utils import parse_bytes
@@ -116,6 +126,15 @@ def main() -> None:
                 out[f"write_{name}_mb_per_s"] = rows * args.inputs * 4 / 1e6 / seconds
             stores[name] = path
         for kind in args.solvers:
+            if args.feature_cache:
+                for mode in args.feature_cache:
+                    r = fit(kind, stores["big"], args.features, client, args.epochs, mode)
+                    out[f"{kind}_big_{mode}"] = r
+                    print(f"{kind} on big, feature_cache={mode} (resolved {r['feature_cache']}): "
+                          f"{r['rows_per_s']:,.0f} rows/s, peak worker RSS "
+                          f"{r['peak_rss_bytes'] / 2**30:.2f} GiB of {limit / 2**30:.2f} GiB, "
+                          f"spilled {r['spilled_bytes']} bytes", flush=True)
+                continue
             for name in ("small", "big"):
                 r = fit(kind, stores[name], args.features, client)
                 out[f"{kind}_{name}"] = r

@@ -136,6 +136,17 @@ def _gram_apply(payload: dict, X: Any, y: Any) -> dict:
             "norm": [norm], "count": X.shape[0]}
 
 
+def _gram_apply_chunk(payload: dict, chunk: Any) -> dict:
+    """:func:`_gram_apply` for a block function that takes the engine's chunk
+    (``payload["chunked"]``): it may keep T_c on the worker between passes."""
+    T = payload["block"](payload["params"], chunk)
+    xp = namespace(T)
+    Q = xp.asarray(payload["Q"], dtype=T.dtype)
+    return {"Y": to_numpy(T.T @ (T @ Q)).astype(np.float64),
+            "S": to_numpy(T.sum(axis=0)).astype(np.float64),
+            "norm": [_row_norm_max(T, payload.get("mu"))], "count": chunk.X.shape[0]}
+
+
 def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
     T = payload["block"](payload["params"], X)
     xp = namespace(T)
@@ -183,16 +194,21 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
 def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int,
                            n_inputs: int, *, operator: str = "gram", center: bool = False,
                            n_oversamples: int = 20, n_iter: int = 2, random_state: int = 0,
-                           label: str = "randomized eigensystem") -> Eigensystem:
+                           label: str = "randomized eigensystem",
+                           chunked: bool = False) -> Eigensystem:
     """Top ``k`` eigenpairs of A by a randomized range finder with power iterations.
 
     ``n_inputs`` is N (the width of T).  Every product A Q is one
     :meth:`map_reduce` over the row chunks (``n_iter + 2`` passes in all).
+    ``chunked`` (``gram`` only): ``block(params, chunk)`` takes the engine's
+    :class:`~dkernel.engine.program.Chunk`, whose key lets it keep T_c on its
+    worker for the later passes.
     """
     _check_operator(operator, center)
     n = data.n_rows
     r = min(int(k) + int(n_oversamples), n_inputs)
-    fn = _gram_apply if operator == "gram" else _rows_apply
+    chunked = chunked and operator == "gram"
+    fn = _gram_apply_chunk if chunked else _gram_apply if operator == "gram" else _rows_apply
     rng = np.random.default_rng([int(random_state), 0x5FD])
     Q = rng.standard_normal((n_inputs, r))
 
@@ -202,7 +218,7 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
     def apply(Q: np.ndarray) -> np.ndarray:
         nonlocal mu
         payload = {"block": block, "params": params, "Q": Q.astype(np.float32), "mu": mu}
-        total = engine.map_reduce(data, fn, payload, label=label)
+        total = engine.map_reduce(data, fn, payload, label=label, wants_chunk=chunked)
         if not center or mu is not None:  # centred norms need mu from a previous pass
             norms.extend(total.get("norm", []))
         AQ = total["Y"] / n
@@ -211,9 +227,11 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
             AQ -= np.outer(mu, mu @ Q)
         return AQ
 
-    Q, _ = np.linalg.qr(apply(Q))
+    # scipy's economic QR: the same LAPACK factorisation as numpy's, 0.27 s against
+    # 0.39 s for 8192 x 533 here
+    Q = scipy.linalg.qr(apply(Q), mode="economic", check_finite=False)[0]
     for _ in range(int(n_iter)):  # HMT Alg. 4.4 (re-orthonormalised power steps)
-        Q, _ = np.linalg.qr(apply(Q))
+        Q = scipy.linalg.qr(apply(Q), mode="economic", check_finite=False)[0]
     AQ = apply(Q)
     B = Q.T @ AQ
     w, U = top_eigh(0.5 * (B + B.T), k)  # Rayleigh-Ritz (HMT Alg. 5.3)
@@ -224,9 +242,12 @@ def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_i
                 operator: str = "gram", center: bool = False, method: str = "auto",
                 dense_max: int = 4096,
                 random_state: int = 0, n_oversamples: int = 20, n_iter: int = 2,
-                label: str = "eigensystem", dtype: str = "float64") -> Eigensystem:
+                label: str = "eigensystem", dtype: str = "float64",
+                chunked: bool = False) -> Eigensystem:
     """``method="auto"``: dense when N <= ``dense_max`` (exact, one pass), else randomized.
-    ``dtype`` is the dense Gram's product precision (:func:`dense_eigensystem`)."""
+    ``dtype`` is the dense Gram's product precision (:func:`dense_eigensystem`);
+    ``chunked`` as :func:`randomized_eigensystem` (a dense solve reads T once and
+    calls ``block`` with the rows)."""
     if method not in ("auto", "dense", "randomized"):
         raise ValueError(f"method={method!r}; choose 'auto', 'dense' or 'randomized'")
     if method == "dense" or (method == "auto" and n_inputs <= dense_max):
@@ -235,7 +256,7 @@ def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_i
     return randomized_eigensystem(engine, data, block, params, k, n_inputs, operator=operator,
                                   center=center,
                                   n_oversamples=n_oversamples, n_iter=n_iter,
-                                  random_state=random_state, label=label)
+                                  random_state=random_state, label=label, chunked=chunked)
 
 
 def _check_operator(operator: str, center: bool = False) -> None:

@@ -254,12 +254,17 @@ def test_worker_cache_serves_later_epochs_and_streaming_gives_the_same_model(cli
         # 4 chunks x 4 blocks are computed once; every later use is a hit
         assert sum(s["misses"] for s in stats) <= 16 + 4
         assert sum(s["hits"] for s in stats) > 10 * sum(s["misses"] for s in stats)
+        assert cached.feature_cache_ == "float32"
         client.run(_set_cache_fraction, 0.0)  # nothing fits: regenerate rows from seeds
         streamed = DSGClassifier(**kw).fit(Xd, yd)
+        assert streamed.feature_cache_ == "off"  # "auto" saw that nothing fits
+        # "float32" as given asks the cache for every block; it declines them all
+        declined = DSGClassifier(feature_cache="float32", **kw).fit(Xd, yd)
         assert sum(s["declined"] for s in client.run(_cache_stats).values()) > 0
     finally:
         client.run(_set_cache_fraction, 0.4)
     np.testing.assert_allclose(streamed.coef_, cached.coef_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(declined.coef_, cached.coef_, rtol=1e-4, atol=1e-6)
 
 
 def test_losing_a_worker_mid_fit_redoes_the_step_and_gives_the_same_model():

@@ -11,8 +11,8 @@ from dkernel.solvers.fused import pool_gradient
 
 
 @pytest.mark.parametrize("rows", [None, "subset"])
-@pytest.mark.parametrize("use_cache", [False, True])
-def test_pool_gradient_matches_dense(rows, use_cache, monkeypatch):
+@pytest.mark.parametrize("mode", ["off", "float32", "fixed16"])
+def test_pool_gradient_matches_dense(rows, mode, monkeypatch):
     # tiles of 64 rows over 1000 rows: 16 tiles, the last one short
     monkeypatch.setattr(fused, "_TILE_BYTES", 64 * 4 * 384)
     monkeypatch.setattr(fused, "_MIN_BLOCK_TILE", 64)
@@ -29,21 +29,23 @@ def test_pool_gradient_matches_dense(rows, use_cache, monkeypatch):
         r = f - Y[tile]
         return float(np.sum(r * r)), r
 
-    chunk = Chunk(X, y, idx, ("fused-test", rows, use_cache), run="fused-test")
-    grad, loss = pool_gradient(fm, chunk, n_blocks, coef, derivative, use_cache)
+    chunk = Chunk(X, y, idx, ("fused-test", rows, mode), run="fused-test")
+    grad, loss = pool_gradient(fm, chunk, n_blocks, coef, derivative, mode)
 
     Phi = fm.blocks(X if idx is None else X[idx], range(n_blocks)).astype(np.float64)
     r = Phi @ coef - Y
     # float32 features summed over 700-1000 rows: ~1e-5 relative
-    np.testing.assert_allclose(grad, Phi.T @ r, rtol=2e-4, atol=2e-3)
-    assert loss == pytest.approx(float(np.sum(r * r)), rel=1e-4)
+    # fixed16 stores each feature to 2.2e-5 (solvers/feature_cache.py): 5x the bounds
+    wide = 5 if mode == "fixed16" else 1
+    np.testing.assert_allclose(grad, Phi.T @ r, rtol=2e-4 * wide, atol=2e-3 * wide)
+    assert loss == pytest.approx(float(np.sum(r * r)), rel=1e-4 * wide)
     assert fused.tile_rows(n_blocks * 128) == 64
 
 
 @pytest.mark.parametrize("views", [1, 2])
 @pytest.mark.parametrize("rows", [None, "subset"])
-@pytest.mark.parametrize("use_cache", [False, True])
-def test_power_partial_matches_dense_sums_of_every_view(views, rows, use_cache, monkeypatch):
+@pytest.mark.parametrize("mode", ["off", "float32", "fixed16"])
+def test_power_partial_matches_dense_sums_of_every_view(views, rows, mode, monkeypatch):
     """The power steps' pass (KPCA: one view; KSVD and KCCA's whole-pool steps:
     two, their tiles side by side in separate scratch buffers) gives the
     uncentred sums H, H^T H, Phi_s^T H and Phi_s^T 1 of every view, H holding
@@ -60,18 +62,21 @@ def test_power_partial_matches_dense_sums_of_every_view(views, rows, use_cache, 
            for s, a in enumerate((X, Y)[:views])]
     coefs = [rng.standard_normal((n_blocks * 128, k)).astype(np.float32) * 0.1 for _ in fms]
     idx = None if rows is None else np.sort(rng.choice(1000, 700, replace=False))
-    chunk = Chunk(X, Y if views == 2 else None, idx, ("power-test", views, rows, use_cache),
+    chunk = Chunk(X, Y if views == 2 else None, idx, ("power-test", views, rows, mode),
                   run="power-test")
     payload = {"views": [{"features": f, "block": ALL_BLOCKS, "n_eval": n_blocks, "coef": c}
-                         for f, c in zip(fms, coefs)], "cache": use_cache}
+                         for f, c in zip(fms, coefs)], "cache": mode}
     out = power_partial(payload, chunk)
 
     pick = slice(None) if idx is None else idx
     Phis = [f.blocks(a[pick], range(n_blocks)).astype(np.float64) for f, a in zip(fms, (X, Y))]
     H = np.concatenate([P @ c for P, c in zip(Phis, coefs)], axis=1)
     assert out["count"] == H.shape[0]
-    np.testing.assert_allclose(out["H"], H.sum(0), rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(out["HH"], H.T @ H, rtol=1e-4, atol=1e-3)
+    wide = 5 if mode == "fixed16" else 1  # fixed16: features to 2.2e-5
+    np.testing.assert_allclose(out["H"], H.sum(0), rtol=1e-4 * wide, atol=1e-3 * wide)
+    np.testing.assert_allclose(out["HH"], H.T @ H, rtol=1e-4 * wide, atol=1e-3 * wide)
     for s, P in enumerate(Phis):
-        np.testing.assert_allclose(out[f"phi_sum{s}"], P.sum(0), rtol=1e-4, atol=1e-2)
-        np.testing.assert_allclose(out[f"phiH{s}"], P.T @ H, rtol=2e-4, atol=2e-3)
+        np.testing.assert_allclose(out[f"phi_sum{s}"], P.sum(0), rtol=1e-4 * wide,
+                                   atol=1e-2 * wide)
+        np.testing.assert_allclose(out[f"phiH{s}"], P.T @ H, rtol=2e-4 * wide,
+                                   atol=2e-3 * wide)

@@ -208,8 +208,10 @@ def run(args: argparse.Namespace) -> int:
     est.set_params(client=None)
     est.save(args.out)
     remove_file(checkpoint)  # a local path or a URL (s3://...)
-    common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s)")
+    cache = getattr(est, "feature_cache_", None)  # the feature solvers' resolved choice
+    common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s"
+                  + (f", feature_cache {cache})" if cache else ")"))
     if args.json:
         common.emit(args, {"model": args.out, "estimator": type(est).__name__, "seconds": seconds,
-                    "history": getattr(est, "history_", None)})
+                    "feature_cache": cache, "history": getattr(est, "history_", None)})
     return 0

@@ -63,6 +63,15 @@ def budget() -> int:
     return int(fraction * limit)
 
 
+def budgets(client: Any) -> dict[str, int]:
+    """Each worker's :func:`budget`, asked as a task on it: the worker's memory
+    limit is only visible inside a task (``client.run`` runs outside one)."""
+    workers = sorted(client.nthreads())
+    return dict(zip(workers, client.gather([
+        client.submit(budget, workers=[w], allow_other_workers=False, pure=False)
+        for w in workers])))
+
+
 def _evictable(owner: Hashable | None, entry_owner: Hashable | None, now: float,
                live: float) -> bool:
     """Whether ``owner`` may evict a block of ``entry_owner`` (lock held): one
@@ -150,6 +159,16 @@ def discard(key: Hashable) -> bool:
             return False
         _bytes -= entry[0].nbytes
         return True
+
+
+def discard_matching(match: Callable[[Hashable], bool]) -> int:
+    """Drop every entry whose key ``match`` accepts; returns how many."""
+    global _bytes
+    with _lock:
+        keys = [k for k in _entries if match(k)]
+        for k in keys:
+            _bytes -= _entries.pop(k)[0].nbytes
+        return len(keys)
 
 
 def rename(old: Hashable, new: Hashable) -> bool:

@@ -46,6 +46,15 @@ def thread_slots(nthreads: dict[str, int]) -> list[str]:
             for w in workers if nthreads[w] > t]
 
 
+def worker_rows(nthreads: dict[str, int], row_chunks: tuple[int, ...]) -> dict[str, int]:
+    """Rows homed on each worker (chunk c on ``thread_slots(nthreads)[c % slots]``)."""
+    slots = thread_slots(nthreads)
+    rows = dict.fromkeys(nthreads, 0)
+    for c, n in enumerate(row_chunks):
+        rows[slots[c % len(slots)]] += int(n)
+    return rows
+
+
 class _ChunkSource:
     """Futures of (X_chunk, y_chunk) on the workers."""
 
@@ -171,3 +180,29 @@ class _BundleSource:
         return {b: self.source.client.submit(_concat_chunks, *[parts[c] for c in self.bundles[b]],
                                              pure=False, **self.placement(b))
                 for b in bundles}
+
+
+class _KeptSource:
+    """A source whose chunks, once read, stay on their homes for the rest of the
+    run (``run_steps(keep_chunks=True)``): when the fit's feature blocks fit in
+    the workers' cache the X they come from does too, and an epoch then reads
+    nothing from the store (on Fashion-MNIST the read of a 94 MB chunk at the
+    start of each epoch left the lanes idle for a third of a cached epoch).
+    Like any read, a kept chunk lost with its worker is recomputed by Dask."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.kept: dict[int, Future] = {}
+
+    def __getattr__(self, name: str) -> Any:  # key, home, placement, adopted
+        return getattr(self.source, name)
+
+    def refresh(self) -> None:
+        self.kept.clear()
+        self.source.refresh()
+
+    def get(self, chunks: tuple[int, ...]) -> dict[int, Future]:
+        missing = tuple(c for c in chunks if c not in self.kept)
+        if missing:
+            self.kept.update(self.source.get(missing))
+        return {c: self.kept[c] for c in chunks}

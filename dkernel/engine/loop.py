@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_limits
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
 from dkernel.engine.checkpoint import Checkpointer
-from dkernel.engine.chunks import _BundleSource, _ChunkSource
+from dkernel.engine.chunks import _BundleSource, _ChunkSource, _KeptSource
 from dkernel.engine.guard import DivergenceGuard
 from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress
@@ -121,7 +121,8 @@ class Engine:
     def run_steps(self, data: Dataset, program: StepProgram, *, n_epochs: int,
                   batch_size: int, random_state: int,
                   on_epoch: Callable[[dict, int], None] | None = None,
-                  resident: dict[int, Future] | None = None) -> dict[str, Any]:
+                  resident: dict[int, Future] | None = None,
+                  keep_chunks: bool = False) -> dict[str, Any]:
         """Run ``n_epochs`` of mini-batch steps and return the final state.
 
         ``resident``: futures of every chunk's (X, y) already on their homes
@@ -129,7 +130,9 @@ class Engine:
         epoch -- for data the caller holds in worker memory anyway (EigenPro's
         cached kernel rows are 76x larger than the Fashion-MNIST rows they come
         from).  Futures of store reads are recomputed by Dask if their worker
-        is lost, so a lost worker costs a re-read, as without them."""
+        is lost, so a lost worker costs a re-read, as without them.
+        ``keep_chunks``: keep each chunk read in the first epoch on its home
+        for the later ones (the caller checked that they fit)."""
         opts = self.options
         plan = self.plan(data, batch_size, random_state)
         source = _ChunkSource(self.client, data, opts.dtype)
@@ -158,6 +161,8 @@ class Engine:
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         if resident is not None and data.host is None:
             source.adopted = dict(resident)
+        elif keep_chunks and data.host is None and n_epochs > 1:
+            source = _KeptSource(source)
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
         run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers

@@ -51,7 +51,8 @@ class DSGDensityRatio(PoolEstimator):
                  step_decay: float | str = "auto", lanes: int | str = "auto",
                  local_steps: int | str = "auto", random_state: int = 0, client: Any = None,
                  verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:

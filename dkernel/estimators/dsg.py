@@ -84,7 +84,8 @@ class _DSGBase(BaseEstimator):
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False,
                  early_stopping: bool = False, validation_fraction: float = 0.1,
-                 n_iter_no_change: int = 2, average: bool = False) -> None:
+                 n_iter_no_change: int = 2, average: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -145,6 +146,11 @@ class _DSGBase(BaseEstimator):
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
                                      float(self.alpha), self.step_size_,
                                      float(self.step_decay), average=bool(self.average))
+            program.cache_blocks = fit.feature_cache(n_blocks * features.block_size)
+            if self.verbose:
+                print(f"dsg: {n_blocks * features.block_size} features, "
+                      f"batch_size={self.batch_size_}, lanes={self.lanes_}, "
+                      f"feature_cache={self.feature_cache_}", flush=True)
             state = fit.run_steps(program, self.batch_size_,
                                   evaluate=self._evaluator(fit, program, features, encoding))
             self._set_fitted(features, encoding, _coef(program, state))
@@ -187,8 +193,7 @@ class _DSGBase(BaseEstimator):
         return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
                           self.step_size_, float(self.step_decay),
                           preconditioner=pre.shifted(shift), beta=beta + shift,
-                          batch_size=self.batch_size_, cache_blocks=int(self.n_epochs) > 1,
-                          average=bool(self.average))
+                          batch_size=self.batch_size_, average=bool(self.average))
 
     def _evaluator(self, fit: FitContext, program: DSGProgram, features: FeatureMap,
                    encoding: TargetEncoding) -> Any:
@@ -235,7 +240,7 @@ class _DSGBase(BaseEstimator):
 
 #: Settings resolved at fit time ("auto" values included) that determine the
 #: model: saved with it, so the fit can be reproduced on any cluster.
-_RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_")
+_RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_", "feature_cache_")
 
 
 def _json(v: Any) -> Any:
@@ -310,7 +315,8 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
             # Dai et al. App. D on the fitted pool: C = Z^T Z / n over every row, summed
             # on the workers from the blocks the fit cached (module dkernel.solvers.gp);
             # the fit's engine reads them as their owner
-            payload = {"features": self.features_, "n_blocks": self._n_blocks()}
+            payload = {"features": self.features_, "n_blocks": self._n_blocks(),
+                       "cache": self.feature_cache_}
             total = engine.map_reduce(data, gp.covariance_partial, payload, label="gp-variance",
                                       wants_chunk=True)
             self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),

@@ -16,6 +16,8 @@ import numpy as np
 
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.engine import Engine, connect
+from dkernel.engine import cache as worker_cache
+from dkernel.engine.chunks import worker_rows
 from dkernel.estimators.base import (
     _BANDWIDTH_SAMPLE,
     resolve_bandwidth,
@@ -115,6 +117,35 @@ class FitContext:
             self.data, self.val = split_validation(self.data, self.est.validation_fraction,
                                                    self.seed)
 
+    def feature_cache(self, n_features: int, n_epochs: int | None = None) -> str:
+        """Resolve ``feature_cache`` for a pool of ``n_features`` features a row
+        (all views), record it as ``feature_cache_`` and return the mode.
+
+        "auto": "off" for one epoch (every block is read once); else float32
+        when every worker's share of the blocks, plus its rows of X (kept on
+        the worker for the fit, :meth:`run_steps`), fits its cache budget
+        (:func:`dkernel.engine.cache.budget`), else fixed16 if that fits, else
+        "off" -- a store larger than the cluster streams as it always did.
+        "float32" / "fixed16" as given keep the blocks that fit and regenerate
+        the rest.  ``self.keep_chunks`` says whether everything fits."""
+        est = self.est
+        epochs = int(est.n_epochs if n_epochs is None else n_epochs)
+        choice = getattr(est, "feature_cache", "auto")
+        nthreads = self.client.nthreads()
+        self.keep_chunks = False
+        mode = "off" if choice == "auto" and epochs <= 1 else choice
+        if mode != "off" and nthreads:
+            rows = max(worker_rows(nthreads, self.data.row_chunks).values())
+            room = min(worker_cache.budgets(self.client).values())
+            x_bytes = rows * self.data.n_inputs * 4
+            fits = {m: rows * int(n_features) * b + x_bytes <= room
+                    for m, b in (("float32", 4), ("fixed16", 2))}
+            if mode == "auto":
+                mode = next((m for m in ("float32", "fixed16") if fits[m]), "off")
+            self.keep_chunks = mode != "off" and fits[mode] and epochs > 1
+        est.feature_cache_ = mode
+        return mode
+
     def run_steps(self, program: Any, batch_size: int, *,
                   evaluate: Callable[[dict], float] | None = None,
                   extra: Callable[[dict], dict] | None = None, **kwargs: Any) -> dict:
@@ -125,6 +156,7 @@ class FitContext:
         est = self.est
         monitor = EpochMonitor(self.engine, program, evaluate,
                                int(getattr(est, "n_iter_no_change", 2)), extra)
+        kwargs.setdefault("keep_chunks", getattr(self, "keep_chunks", False))
         state = self.engine.run_steps(self.data, program, n_epochs=int(est.n_epochs),
                                       batch_size=int(batch_size), random_state=self.seed,
                                       on_epoch=monitor, **kwargs)

@@ -41,7 +41,7 @@ class PoolEstimator(BaseEstimator):
         else:
             self.local_steps_ = int(self.local_steps)
         program.step_rows = share
-        program.cache_blocks = int(self.n_epochs) > 1
+        program.cache_blocks = fit.feature_cache(n_blocks * features.block_size)
         state = fit.run_steps(program, self.lanes_ * self.local_steps_ * share)
         self._keep_pool(features, n_blocks * features.block_size)
         self.n_blocks_, self.coef_ = n_blocks, state["w_avg"]
@@ -68,7 +68,8 @@ class PoolEstimator(BaseEstimator):
                 {"features": self.features_.to_dict(), "n_blocks": self.n_blocks_,
                  "step_size_": self.step_size_, "step_decay_": self.step_decay_,
                  "lanes_": self.lanes_, "batch_size_": self.batch_size_,
-                 "local_steps_": self.local_steps_, **self._extra_meta()})
+                 "local_steps_": self.local_steps_, "feature_cache_": self.feature_cache_,
+                 **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         self.coef_ = arrays["coef"]
@@ -80,6 +81,8 @@ class PoolEstimator(BaseEstimator):
         self.lanes_ = meta.get("lanes_", 4)
         self.batch_size_ = meta.get("batch_size_", self.batch_size)
         self.local_steps_ = meta.get("local_steps_", 1)
+        if "feature_cache_" in meta:
+            self.feature_cache_ = meta["feature_cache_"]
         self._set_extra_meta(meta)
 
     def _extra_meta(self) -> dict[str, Any]:

@@ -68,6 +68,16 @@ N_FEATURES = Param("n_features", 4096, "int", integer(), """\
     whole blocks; the pool's size is ``n_features_``.""", "pool", aliases=("--features",))
 BLOCK_SIZE = Param("block_size", 256, "int", integer(),
                    "Features B drawn per step (one seed).", "pool")
+FEATURE_CACHE = Param("feature_cache", AUTO, '{"auto", "float32", "fixed16", "off"}',
+                      one_of(AUTO, "float32", "fixed16", "off"), """\
+    Keep the feature blocks Phi_j(X_c) on the workers between epochs
+    (:mod:`dkernel.solvers.feature_cache`).  "auto": float32 when every
+    worker's share of the blocks and of X fits its cache budget (the
+    config ``dkernel.cache-fraction`` of its memory limit, 0.4), else
+    fixed16 (features as 16-bit integers, absolute error 2.2e-5) if that
+    fits, else "off", and "off" for a single epoch.  "float32" / "fixed16"
+    keep the blocks that fit and regenerate the rest; "off" regenerates
+    every block every epoch.  Stored as ``feature_cache_``.""", "pool")
 N_COMPONENTS = Param("n_components", 4, "int", integer(), "Components k.", "pool",
                      aliases=("--components",))
 
@@ -162,7 +172,7 @@ AVERAGE = Param("average", False, "bool", boolean(), """\
     O(coefficients changed) a step: one block without the
     preconditioner, all D with it.""")
 _DSG = (KERNEL, BANDWIDTH, N_FEATURES, BLOCK_SIZE, LOSS, ALPHA, BATCH_SIZE, N_EPOCHS,
-        STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE)
+        STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE, FEATURE_CACHE)
 _DSG_REGRESSOR = (
     Param("epsilon", 0.1, "float", number(0.0, low_open=False), """\
         Threshold of the "huber" loss (quadratic within epsilon of the target,
@@ -228,7 +238,9 @@ _EIGENPRO = (
         stays selectable; on Fashion-MNIST its rounding raised the training
         loss after epoch 7 (0.080 -> 0.093; fixed16 falls to 0.033) and cost
         0.4 points of test accuracy.""", "sgd"),
-    *_EARLY, LANES, *_RUNTIME)
+    *_EARLY, LANES, *_RUNTIME,
+    FEATURE_CACHE.but(doc=FEATURE_CACHE.doc.replace(
+        "Stored as", "The random-feature form only (``n_features`` set).  Stored as")))
 
 # KernelPCA, KernelSVD, KernelCCA -----------------------------------------------------
 _POWER_BATCH = BATCH_SIZE.but(doc="""\
@@ -287,9 +299,9 @@ _KERNEL_PCA = (
         Block steps only; "rotate": Oja subspace update, then a Rayleigh-Ritz
         rotation; "gha": Xie eq. (16), the upper-triangular update that isolates
         the individual eigenfunctions (the rotation is still applied at the end)."""),
-    STEPS, _POWER_LANES, *_RUNTIME)
+    STEPS, _POWER_LANES, *_RUNTIME, FEATURE_CACHE)
 _KERNEL_SVD = (N_COMPONENTS, KERNEL, BANDWIDTH, KERNEL_Y, BANDWIDTH_Y, *_POOL, *_ITERATIVE,
-               STEPS, _POWER_LANES, *_RUNTIME)
+               STEPS, _POWER_LANES, *_RUNTIME, FEATURE_CACHE)
 _KERNEL_CCA = (
     N_COMPONENTS, KERNEL, BANDWIDTH, KERNEL_Y, BANDWIDTH_Y,
     ALPHA.but(default=1e-3, doc="""\
@@ -321,7 +333,7 @@ _KERNEL_CCA = (
     _BLOCK_STEP_DECAY.but(doc=_BLOCK_STEP_DECAY.doc.replace(", block steps only", "")), CENTER,
     LANES.but(default=4, kind="int", check=integer(),
               doc="Chunks sharing one step (the model depends on it, not on the workers)."),
-    *_RUNTIME)
+    *_RUNTIME, FEATURE_CACHE)
 
 # StreamingKernelPCA --------------------------------------------------------------------
 _STREAMING = (
@@ -375,7 +387,7 @@ _WHOLE_POOL = (
         2^27 feature evaluations (65536 rows at n_features=2048, 128 local
         steps of 512 rows), so its compute dwarfs the round trip, but at least
         8 rounds an epoch.  Stored as ``local_steps_``.""", "sgd"),
-    *_RUNTIME)
+    *_RUNTIME, FEATURE_CACHE)
 
 # the CLI reads 0 (or "none") as None: no truncation schedule
 _THETA = dataclasses.replace(none_or(number(0.0, 1.0)),
@@ -479,6 +491,7 @@ AUTO_FROM = {
     "damping": "0.95 (kernel form), 0.25 (features)",
     "max_batch": "the subsample or the cluster's step width",
     "kernel_cache": "the workers' memory",
+    "feature_cache": "the workers' memory and the epochs",
     "steps": "the row count and the other settings",
     "n_passes": "the row count (16384 rows streamed)",
     "local_steps": "the pool width and the rows",

@@ -120,8 +120,8 @@ from scipy.linalg import cholesky, solve_triangular
 from dkernel.backend import asarray_like, namespace, to_numpy
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
-from dkernel.solvers.dsg import block_rows
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
+from dkernel.solvers.feature_cache import block_rows, mode_of
 from dkernel.solvers.fused import feature_tiles, tile_rows
 from dkernel.solvers.subspace import (  # noqa: F401  (the estimators' names, here since 0.1)
     EXACT_ITERATIONS,
@@ -181,7 +181,7 @@ def components_partial(payload: dict, chunk: Chunk) -> dict:
         H = xp.zeros((rows.shape[0], coef.shape[1]), dtype=np.dtype(features.dtype))
         phi_sum, updated = [], None
         for j in range(view["n_eval"]):
-            phi = block_rows(features, vchunk, j)
+            phi = block_rows(features, vchunk, j, mode_of(payload))
             if j * B < coef.shape[0]:
                 H += phi @ coef[j * B : (j + 1) * B]
             phi_sum.append(phi.sum(axis=0))
@@ -215,9 +215,9 @@ def power_partial(payload: dict, chunk: Chunk) -> dict:
     coefs = [asarray_like(v["coef"], c.X).astype(dt, copy=False) for v, c in zip(views, chunks)]
     xp = namespace(coefs[0])
     k = sum(c.shape[1] for c in coefs)
-    use_cache = payload.get("cache", True)
-    rows = tile_rows(sum(c.shape[0] for c in coefs), dt.itemsize, blockwise=use_cache)
-    streams = [feature_tiles(v["features"], c, v["n_eval"], rows, use_cache, slot=s)
+    mode = mode_of(payload)
+    rows = tile_rows(sum(c.shape[0] for c in coefs), dt.itemsize, blockwise=mode != "off")
+    streams = [feature_tiles(v["features"], c, v["n_eval"], rows, mode, slot=s)
                for s, (v, c) in enumerate(zip(views, chunks))]
     H_sum, HH = np.zeros(k), np.zeros((k, k))
     G = [np.zeros((c.shape[0], k + 1)) for c in coefs]
@@ -265,6 +265,8 @@ class ComponentProgram(StepProgram):
     #: Rows of a full step; with preconditioners a shorter one (a chunk's last
     #: rows) takes eta m / batch_size (module docstring).
     batch_size: int = 0
+    #: where feature blocks live between epochs (:data:`feature_cache.MODES`)
+    cache_blocks: str = "float32"
     _record: dict = field(default_factory=dict, repr=False)
     #: Row-weighted sum of the batches' centred score moments M since the
     #: last :meth:`epoch_objective` (the per-epoch history of the estimators).
@@ -333,7 +335,7 @@ class ComponentProgram(StepProgram):
             }
             for s, f in enumerate(self.features)
         ]
-        return {"views": views}
+        return {"views": views, "cache": self.cache_blocks}
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         i, n_act, n_eval = self._active(step)
@@ -500,9 +502,6 @@ class ComponentProgram(StepProgram):
 class PowerProgram(ComponentProgram):
     """KPCA and KSVD by whole-pool power steps (module docstring), for wide batches."""
 
-    #: Keep the chunks' feature blocks in the worker cache (more than one epoch).
-    cache_blocks: bool = True
-
     partial = staticmethod(power_partial)
     power = True
 
@@ -515,9 +514,6 @@ class PowerProgram(ComponentProgram):
         # the Rayleigh matrix of the steps so far (a short step's blend)
         k = self.n_components
         return {**super().init_state(), "power_M": np.zeros((k, k))}
-
-    def payload(self, state: dict[str, Any], step: int) -> dict:
-        return {**super().payload(state, step), "cache": self.cache_blocks}
 
 
 def _digest(x: float) -> float:

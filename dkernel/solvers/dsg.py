@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 
 from dkernel.backend import asarray_like, namespace
-from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.losses import get_loss
 from dkernel.solvers.eigenpro import step_size as eigenpro_step
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
+from dkernel.solvers.feature_cache import block_rows, mode_of
 from dkernel.solvers.fused import pool_gradient
 from dkernel.solvers.targets import TargetEncoding
 
@@ -75,26 +75,14 @@ def decision(features: FeatureMap, coef: Any, X: Any) -> Any:
     return f
 
 
-def block_rows(features: FeatureMap, chunk: Chunk, block_id: int) -> Any:
-    """phi_{w_j}(X_c)[rows]: from the worker cache (filled for the whole chunk
-    on first use), or regenerated for the rows alone when it does not fit."""
-    nbytes = chunk.X.shape[0] * features.block_size * np.dtype(features.dtype).itemsize
-    full = cache.lookup_or_fill((chunk.key, features, block_id),
-                                lambda: features.block(chunk.X, block_id), nbytes,
-                                owner=chunk.run)
-    if full is None:
-        return features.block(chunk.X_rows, block_id)
-    return full if chunk.rows is None else full[chunk.rows]
-
-
-def chunk_decision(features: FeatureMap, chunk: Chunk, coef: Any) -> Any:
+def chunk_decision(features: FeatureMap, chunk: Chunk, coef: Any, mode: str = "float32") -> Any:
     """f = Phi(X_c[rows]) coef over ``coef.shape[0] // B`` blocks, from the worker
-    cache where the blocks are held (:func:`block_rows`)."""
+    cache where the blocks are held in ``mode`` (:func:`feature_cache.block_rows`)."""
     B = features.block_size
     n = chunk.X.shape[0] if chunk.rows is None else len(chunk.rows)
     f = namespace(chunk.X).zeros((n, coef.shape[1]), dtype=np.dtype(features.dtype))
     for j in range(coef.shape[0] // B):
-        f += block_rows(features, chunk, j) @ coef[j * B : (j + 1) * B]
+        f += block_rows(features, chunk, j, mode) @ coef[j * B : (j + 1) * B]
     return f
 
 
@@ -109,17 +97,18 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
     coef = asarray_like(payload["coef"], X)
     block = payload["block"]
     Y = encoding.encode(chunk.y_rows, dt)
+    mode = mode_of(payload)
     if block is None:
-        return _pool_partial(features, chunk, coef, Y, payload["loss"], payload.get("cache", True))
-    f = chunk_decision(features, chunk, coef)  # f(x_b) over every active block
+        return _pool_partial(features, chunk, coef, Y, payload["loss"], mode)
+    f = chunk_decision(features, chunk, coef, mode)  # f(x_b) over every active block
     value, dl = get_loss(payload["loss"])(f, Y)
-    phi = block_rows(features, chunk, block)
+    phi = block_rows(features, chunk, block, mode)
     return {"grad": (phi.T @ dl).astype(np.float64), "loss": float(xp.sum(value)),
             "count": X.shape[0]}
 
 
 def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str,
-                  use_cache: bool) -> dict:
+                  mode: str) -> dict:
     """Every block's gradient in one fused pass over row tiles (:mod:`dkernel.solvers.fused`)."""
     loss_fn = get_loss(loss)
     xp = namespace(Y)
@@ -129,7 +118,7 @@ def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: s
         return float(xp.sum(value)), dl
 
     grad, total = pool_gradient(features, chunk, coef.shape[0] // features.block_size, coef,
-                                derivative, use_cache)
+                                derivative, mode)
     return {"grad": grad, "loss": total, "count": int(Y.shape[0])}
 
 
@@ -172,8 +161,8 @@ class DSGProgram(StepProgram):
     #: beta = max |z(x)|^2 over the preconditioner's sample (pool mode)
     beta: float = 1.0
     batch_size: int = 1
-    #: keep feature blocks in the worker cache (worth it when epochs revisit them)
-    cache_blocks: bool = True
+    #: where feature blocks live between epochs (:data:`feature_cache.MODES`)
+    cache_blocks: str = "float32"
     #: also keep the average of the iterates, f_avg = (1/t) sum_i f_i (Dai et al.
     #: Fig. 4(2) plots it): see :meth:`averaged`
     average: bool = False
@@ -217,7 +206,7 @@ class DSGProgram(StepProgram):
         active = min(step, self.n_blocks)  # blocks that already carry weight
         coef = (state["coef"][: active * B] * state["scale"]).astype(self.features.dtype)
         return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
-                "coef": coef, "block": step % self.n_blocks}
+                "coef": coef, "block": step % self.n_blocks, "cache": self.cache_blocks}
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
         B = self.features.block_size

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from dkernel.backend import asarray_like, namespace, to_numpy
-from dkernel.engine import cache
 from dkernel.engine.program import Chunk
 from dkernel.features import FeatureMap
+from dkernel.solvers.feature_cache import decode_rows, stored_block
 
 #: Features of one row tile: a few MB stay in this machine's L2/L3 (2 MB L2
 #: per core, 32 MB L3 shared); 4 MB (512 rows at D = 2048) measured fastest.
@@ -68,21 +68,22 @@ def _buffer(xp: Any, shape: tuple[int, ...], dtype: np.dtype, slot: int = 0) -> 
 
 
 def pool_gradient(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
-                  derivative: Derivative, use_cache: bool = True) -> tuple[np.ndarray, float]:
+                  derivative: Derivative, mode: str = "float32") -> tuple[np.ndarray, float]:
     """``(g, loss)``: g = sum_b Phi(x_b)^T l'(Phi(x_b) coef) over the task's rows
     (float64, shape of ``coef``), loss the sum of ``derivative``'s values.
 
-    Phi is the unscaled pool (blocks 0..n_blocks-1).  Without ``use_cache``
+    Phi is the unscaled pool (blocks 0..n_blocks-1).  With ``mode="off"``
     (a single epoch: its blocks are never read again, and filling the
     worker cache would only page in memory) each tile's D features come
-    from one product with the stacked weights.  With it, a block comes from
-    the worker cache when the cache holds (or takes) the chunk's block, and
-    is generated block by block for the tile's rows otherwise.
+    from one product with the stacked weights.  Otherwise a block comes from
+    the worker cache (:mod:`dkernel.solvers.feature_cache`) when the cache
+    holds (or takes) the chunk's block, and is generated block by block for
+    the tile's rows where it does not.
     """
     coef = coef.astype(np.dtype(features.dtype), copy=False)
-    if not use_cache:
+    if mode == "off":
         return _generated(features, chunk, n_blocks, coef, derivative)
-    return _cached(features, chunk, n_blocks, coef, derivative)
+    return _cached(features, chunk, n_blocks, coef, derivative, mode)
 
 
 def _generated(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
@@ -93,7 +94,7 @@ def _generated(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
     grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
     loss = 0.0
     for tile, [(_, Zt, _)] in feature_tiles(features, chunk, n_blocks, tile_rows(D, dt.itemsize),
-                                            use_cache=False):
+                                            mode="off"):
         value, dl = derivative(Zt @ c, tile)
         loss += float(value)
         grad += to_numpy(Zt.T @ dl.astype(dt, copy=False))
@@ -102,14 +103,14 @@ def _generated(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
 
 
 def _cached(features: FeatureMap, chunk: Chunk, n_blocks: int, coef: Any,
-            derivative: Derivative) -> tuple[np.ndarray, float]:
+            derivative: Derivative, mode: str) -> tuple[np.ndarray, float]:
     dt = np.dtype(features.dtype)
     xp = namespace(chunk.X)
     D = n_blocks * features.block_size
     grad = np.zeros((D, coef.shape[1]), dtype=np.float64)
     loss = 0.0
     for tile, pieces in feature_tiles(features, chunk, n_blocks,
-                                      tile_rows(D, dt.itemsize, blockwise=True)):
+                                      tile_rows(D, dt.itemsize, blockwise=True), mode):
         f = xp.zeros((tile.stop - tile.start, coef.shape[1]), dtype=dt)
         for cols, Zj, _ in pieces:
             f += Zj @ coef[cols]
@@ -127,7 +128,7 @@ Pieces = list[tuple[slice, Any, float]]
 
 
 def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
-                  use_cache: bool = True, slot: int = 0) -> Iterator[tuple[slice, Pieces]]:
+                  mode: str = "float32", slot: int = 0) -> Iterator[tuple[slice, Pieces]]:
     """The task's rows in tiles of ``rows``, each with its D unscaled features,
     for passes whose coefficients change between tiles (the local steps of
     :mod:`dkernel.solvers.pool`); :func:`pool_gradient` is the same pass with
@@ -135,9 +136,9 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
     task's rows, ``pieces`` as :data:`Pieces`, valid until the next tile
     (the buffers are reused; streams consumed side by side, such as the two
     views of :func:`dkernel.solvers.components.power_partial`, each need
-    their own ``slot``).  Without ``use_cache`` one product with the
-    stacked weights per tile; with it, blocks from (or into) the worker cache,
-    generated for the tile's rows where the cache does not hold them."""
+    their own ``slot``).  With ``mode="off"`` one product with the stacked
+    weights per tile; otherwise blocks from (or into) the worker cache in
+    ``mode``, generated for the tile's rows where the cache does not hold them."""
     dt = np.dtype(features.dtype)
     xp = namespace(chunk.X)
     idx_all = chunk.rows
@@ -145,7 +146,7 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
     T = max(1, min(m, int(rows)))
     B = features.block_size
     D = n_blocks * B
-    if not use_cache:
+    if mode == "off":
         W, b = (asarray_like(a, chunk.X) for a in features.stacked(n_blocks))
         Z = _buffer(xp, (T, D), dt, slot)
         for a in range(0, m, T):
@@ -157,10 +158,7 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
             xp.cos(Zt, out=Zt)
             yield tile, [(slice(0, D), Zt, math.sqrt(2.0))]  # phi = sqrt(2) cos(.)
         return
-    nbytes = chunk.X.shape[0] * B * dt.itemsize
-    full = [cache.lookup_or_fill((chunk.key, features, j),
-                                 lambda j=j: features.block(chunk.X, j), nbytes, owner=chunk.run)
-            for j in range(n_blocks)]
+    full = [stored_block(features, chunk, j, mode) for j in range(n_blocks)]
     Z = _buffer(xp, (n_blocks, T, B), dt, slot)
     for a in range(0, m, T):
         tile = slice(a, min(m, a + T))
@@ -173,8 +171,6 @@ def feature_tiles(features: FeatureMap, chunk: Chunk, n_blocks: int, rows: int,
                 if X_t is None:
                     X_t = chunk.X[tile] if idx is None else chunk.X[idx]
                 features.blocks(X_t, [j], out=Zj)
-            elif idx is None:
-                Zj[...] = full[j][tile]
             else:
-                xp.take(full[j], idx, axis=0, out=Zj, mode="clip")  # valid rows; clip avoids a copy
+                decode_rows(full[j], tile if idx is None else idx, Zj, mode)
         yield tile, [(slice(j * B, (j + 1) * B), Z[j, :t], 1.0) for j in range(n_blocks)]

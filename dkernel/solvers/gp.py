@@ -32,7 +32,7 @@ import numpy as np
 
 from dkernel.engine.program import Chunk
 from dkernel.features import FeatureMap
-from dkernel.solvers.dsg import block_rows
+from dkernel.solvers.feature_cache import block_rows, mode_of
 
 #: Smallest weight lambda / (lambda + alpha) of a stored eigenpair.
 _KEEP = 1e-5
@@ -41,8 +41,9 @@ _KEEP = 1e-5
 def covariance_partial(payload: dict, chunk: Chunk) -> dict:
     """Phi^T Phi over the chunk (unscaled features, every block of the pool)."""
     features: FeatureMap = payload["features"]
-    Phi = np.concatenate([block_rows(features, chunk, j) for j in range(payload["n_blocks"])],
-                         axis=1)
+    mode = mode_of(payload)
+    Phi = np.concatenate([block_rows(features, chunk, j, mode)
+                          for j in range(payload["n_blocks"])], axis=1)
     return {"gram": (Phi.T @ Phi).astype(np.float64), "count": Phi.shape[0]}
 
 

@@ -51,6 +51,7 @@ from dkernel.backend import asarray_like, to_numpy
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
 from dkernel.solvers.dsg import decision
+from dkernel.solvers.feature_cache import mode_of
 from dkernel.solvers.fused import feature_tiles
 
 #: eta of the polynomial-decay average: weight (eta + 1) / (t + eta) on iterate t.
@@ -80,7 +81,7 @@ def pool_round(payload: dict, chunk: Chunk, derivative: LocalDerivative) -> dict
     y = chunk.y_rows
     loss, count, steps, extra = 0.0, 0, 0, {}
     for tile, pieces in feature_tiles(features, chunk, n_blocks, payload["step_rows"],
-                                      payload.get("cache", True)):
+                                      mode_of(payload)):
         m = tile.stop - tile.start
         coef = asarray_like((w * s).astype(dt), chunk.X)
         f = 0.0
@@ -128,7 +129,7 @@ class PoolProgram(StepProgram):
     step_decay: float
     step_rows: int = 512
     #: keep feature blocks in the worker cache (worth it when epochs revisit them)
-    cache_blocks: bool = True
+    cache_blocks: str = "float32"
 
     wants_chunk = True
 

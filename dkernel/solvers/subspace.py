@@ -22,6 +22,7 @@ from dkernel.backend import asarray_like, namespace, to_numpy
 from dkernel.engine.program import Chunk
 from dkernel.features import FeatureMap
 from dkernel.solvers.dsg import chunk_decision
+from dkernel.solvers.feature_cache import mode_of
 from dkernel.solvers.fused import pool_gradient, tile_rows
 
 
@@ -123,8 +124,8 @@ def exact_coefficients(engine: Any, data: Any, features: tuple[FeatureMap, ...],
 
 def moments_partial(payload: dict, chunk: Chunk) -> dict:
     """sum H, sum H H^T and the row count for the final coefficients (all views);
-    feature blocks the fit left in the worker cache are reused.  Without
-    ``payload["cache"]`` (a one-epoch power fit cached nothing) the features
+    feature blocks the fit left in the worker cache are reused.  With
+    ``payload["cache"]`` "off" (a one-epoch power fit cached nothing) the features
     go through the fused row-tile pass instead, which fills no cache: filling
     it with every block of every chunk paged in fresh memory, 11.8 s of a
     one-epoch fit on 1M x 32 against 0.8 s."""
@@ -132,8 +133,8 @@ def moments_partial(payload: dict, chunk: Chunk) -> dict:
     for s, view in enumerate(payload["views"]):
         vchunk = view_chunk(chunk, s)
         coef = asarray_like(view["coef"], vchunk.X)
-        if payload.get("cache", True):
-            values.append(chunk_decision(view["features"], vchunk, coef))
+        if mode_of(payload) != "off":
+            values.append(chunk_decision(view["features"], vchunk, coef, mode_of(payload)))
             continue
         tiles: list[Any] = []
 
@@ -142,7 +143,7 @@ def moments_partial(payload: dict, chunk: Chunk) -> dict:
             return 0.0, f
 
         pool_gradient(view["features"], vchunk, coef.shape[0] // view["features"].block_size,
-                      coef, keep, use_cache=False)
+                      coef, keep, mode="off")
         values.append(namespace(coef).concatenate(tiles, axis=0))
     H = values[0] if len(values) == 1 else namespace(values[0]).concatenate(values, axis=1)
     return {
@@ -153,7 +154,7 @@ def moments_partial(payload: dict, chunk: Chunk) -> dict:
 
 
 def moments_payload(features: tuple[FeatureMap, ...], coefs: tuple[np.ndarray, ...],
-                    cache: bool = True) -> dict:
+                    cache: str = "float32") -> dict:
     return {"views": [{"features": f, "coef": c.astype(f.dtype)} for f, c in zip(features, coefs)],
             "cache": cache}
 

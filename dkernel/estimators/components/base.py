@@ -150,7 +150,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
     def _iterative_given(self) -> list[tuple[str, Any]]:
         """Settings only iterative (power or block) steps use, given."""
         return self._changed(("n_epochs", "batch_size", "lanes", "checkpoint",
-                              "checkpoint_every", "resume"))
+                              "checkpoint_every", "resume", "feature_cache"))
 
     def _resolve_exact(self, steps: str, n_rows: int) -> str:
         """An automatic "power" becomes "exact" below ``_EXACT_ROWS`` rows when no
@@ -177,10 +177,12 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             # a full step's rows: a lane takes at most its chunk (data/plan.py)
             full = min(self.batch_size_, self.lanes_ * max(fit.data.row_chunks))
             program = PowerProgram(self._method, features, n_blocks, int(self.n_components), 0.0,
-                                   0.0, cache_blocks=int(self.n_epochs) > 1, batch_size=int(full),
+                                   0.0, batch_size=int(full),
                                    label=self._method, center=bool(self.center), seed=fit.seed)
         else:
             program = block_program()
+        program.cache_blocks = fit.feature_cache(len(features) * n_blocks
+                                                 * features[0].block_size)
         # these solvers have no loss (the engine's per-epoch sum is an empty 0);
         # their history carries the objective they maximise instead
         state = fit.run_steps(program, getattr(self, "batch_size_", None) or self.batch_size,
@@ -188,7 +190,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         coefs = tuple(state[f"coef{s}"] for s in range(len(features)))
         total = fit.engine.map_reduce(
             fit.data, moments_partial,
-            moments_payload(features, coefs, getattr(program, "cache_blocks", True)),
+            moments_payload(features, coefs, program.cache_blocks),
             label="moments", wants_chunk=True)
         return state, total
 
@@ -197,10 +199,11 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         t0, data = time.perf_counter(), fit.data
         self.step_size_ = self.step_decay_ = None
         self.lanes_ = self.batch_size_ = None
+        self.feature_cache_ = "off"
         coefs = exact_coefficients(fit.engine, data, features, n_blocks, int(self.n_components),
                                    bool(self.center), fit.seed, label=f"{self._method} exact")
         total = fit.engine.map_reduce(data, moments_partial,
-                                      moments_payload(features, coefs, False),
+                                      moments_payload(features, coefs, "off"),
                                       label="moments", wants_chunk=True)
         # the objective the iterative steps report (ComponentProgram.epoch_objective),
         # here on every row: the learning curve has its one point
@@ -271,12 +274,14 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
 
     def _saved_steps(self) -> dict:
         return {"step_size_": self.step_size_, "step_decay_": getattr(self, "step_decay_", None),
-                **history_meta(self)}
+                "feature_cache_": getattr(self, "feature_cache_", None), **history_meta(self)}
 
     def _load_steps(self, meta: dict) -> None:
         self.step_size_ = meta["step_size_"]
         if "step_decay_" in meta:  # models saved before step_decay="auto" lack it
             self.step_decay_ = meta["step_decay_"]
+        if meta.get("feature_cache_") is not None:  # recorded since feature_cache
+            self.feature_cache_ = meta["feature_cache_"]
         set_history(self, meta)
 
 

@@ -57,7 +57,8 @@ class KernelCCA(_TwoViewBase):
                  step_size: float | str = "auto", step_decay: float | str = "auto",
                  center: bool = True, lanes: int = 4, random_state: int = 0, client: Any = None,
                  verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def _metrics(

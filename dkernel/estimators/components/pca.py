@@ -65,7 +65,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                  step_decay: float | str = "auto", center: bool = True, ordering: str = "rotate",
                  steps: str = "auto", lanes: int | str = "auto", random_state: int = 0,
                  client: Any = None, verbose: bool = False, checkpoint: str | None = None,
-                 checkpoint_every: int = 0, resume: bool = False) -> None:
+                 checkpoint_every: int = 0, resume: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def fit(self, X: Any, y: Any = None) -> KernelPCA:

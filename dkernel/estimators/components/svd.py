@@ -44,7 +44,8 @@ class KernelSVD(_TwoViewBase):
                  center: bool = True, steps: str = "auto", lanes: int | str = "auto",
                  random_state: int = 0, client: Any = None, verbose: bool = False,
                  checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def _metrics(

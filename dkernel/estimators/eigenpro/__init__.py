@@ -54,7 +54,8 @@ class _EigenProBase(BaseEstimator):
                  validation_fraction: float = 0.1, n_iter_no_change: int = 2,
                  lanes: int | str = "auto", random_state: int = 0, client: Any = None,
                  verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False,
+                 feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -66,6 +67,15 @@ class _EigenProBase(BaseEstimator):
                 f"alone makes the steps diverge (each scales the model by 1 - step_size * "
                 f"alpha <= -1); set step_size below 2 / alpha = {2 / float(alpha):.3g}, or "
                 "leave it 'auto'")
+        # each form keeps its own blocks: a setting is used or refused
+        if self._given("n_features") is not None and self.kernel_cache != "auto":
+            raise ValueError(f"kernel_cache={self.kernel_cache!r} keeps the kernel form's rows; "
+                             "with n_features set the fit uses random features: set "
+                             "feature_cache instead")
+        if self._given("n_features") is None and self.feature_cache != "auto":
+            raise ValueError(f"feature_cache={self.feature_cache!r} applies to the random-feature "
+                             "form (n_features set); the kernel form keeps kernel rows: set "
+                             "kernel_cache instead")
         self._route(None).check()
 
     def _route(self, n_rows: int | None) -> Route:
@@ -138,7 +148,8 @@ class _EigenProBase(BaseEstimator):
                 **{key: getattr(self, attr) for attr, key in self._SAVED.items()},
                 "lanes": getattr(self, "lanes_", None),
                 "step_backoffs": getattr(self, "step_backoffs_", []),
-                "alpha": getattr(self, "alpha_", None), **history_meta(self)}
+                "alpha": getattr(self, "alpha_", None),
+                "feature_cache": getattr(self, "feature_cache_", None), **history_meta(self)}
         (FeatureRoute if self.form_ == "features" else KernelRoute).save(self, arrays, meta)
         return arrays, meta
 
@@ -152,6 +163,8 @@ class _EigenProBase(BaseEstimator):
         self.eigenvalues_ = arrays.get("eigenvalues")
         self.lanes_ = meta.get("lanes")
         self.step_backoffs_ = meta.get("step_backoffs", [])
+        if meta.get("feature_cache") is not None:  # the random-feature form, since feature_cache
+            self.feature_cache_ = meta["feature_cache"]
         set_history(self, meta)
 
 

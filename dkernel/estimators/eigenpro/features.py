@@ -108,7 +108,7 @@ class FeatureRoute(Route):
         m_star = critical_batch(beta + ridge, shifted.new_top)
         batch = int(est._given("batch_size") or max(1, min(int(m_star), max_batch, data.n_rows)))
         program = FeatureEigenProProgram(features, n_blocks, shifted, encoding, beta + ridge,
-                                         cache_blocks=int(est.n_epochs) > 1, ridge=ridge,
+                                         cache_blocks=fit.feature_cache(D), ridge=ridge,
                                          average_horizon=average_horizon(data.n_rows, D, batch))
         if est._given("step_size") is not None:
             program.eta_override = float(est.step_size)
@@ -120,7 +120,7 @@ class FeatureRoute(Route):
         est.form_, est.coef_ = "features", state.get("theta_avg", state["theta"])
         est.alpha_ = ridge
         record_sgd(est, bandwidth, encoding, data.n_inputs, pre.values, pre.q, batch, m_star,
-                   beta, pre.new_top, eig.method, "worker-cache", s, ridge)
+                   beta, pre.new_top, eig.method, est.feature_cache_, s, ridge)
 
     @staticmethod
     def predict_spec(est: Any, coef: np.ndarray) -> dict:

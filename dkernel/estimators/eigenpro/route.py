@@ -10,6 +10,7 @@ import numpy as np
 
 from dkernel.data.dataset import Dataset
 from dkernel.engine import cache as worker_cache
+from dkernel.engine.chunks import worker_rows
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import validation_score
 from dkernel.solvers.eigenpro import predict_kernel, step_size
@@ -90,18 +91,11 @@ def cache_mode(est: Any, client: Any, data: Dataset, p: int) -> str:
     fixed16 if that fits, else streaming recomputation."""
     if est.kernel_cache != "auto":
         return est.kernel_cache
-    # as tasks, not client.run: the worker's memory limit is only visible inside a task
-    workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
-    if not workers:
+    nthreads = client.nthreads()
+    if not nthreads:
         return "off"
-    budgets = dict(zip(workers, client.gather([
-        client.submit(worker_cache.budget, workers=[w], allow_other_workers=False, pure=False)
-        for w in workers])))
-    share = np.zeros(len(workers))
-    for c, rows in enumerate(data.row_chunks):  # the engine homes chunk c on worker c % n
-        share[c % len(workers)] += rows
-    need = float(share.max()) * p
-    room = min(budgets.values())
+    need = max(worker_rows(nthreads, data.row_chunks).values()) * p
+    room = min(worker_cache.budgets(client).values())
     if need * 4 <= room:
         return "float32"
     if need * 2 <= room:
