@@ -142,7 +142,9 @@ def _gram_apply_chunk(payload: dict, chunk: Any) -> dict:
     T = payload["block"](payload["params"], chunk)
     xp = namespace(T)
     Q = xp.asarray(payload["Q"], dtype=T.dtype)
-    return {"Y": to_numpy(T.T @ (T @ Q)).astype(np.float64),
+    # Y in T's precision (float32): the product is computed in it anyway, and the
+    # N x r partials (35 MB in float64 at N = 8192) are what a pass ships and adds
+    return {"Y": to_numpy(T.T @ (T @ Q)),
             "S": to_numpy(T.sum(axis=0)).astype(np.float64),
             "norm": [_row_norm_max(T, payload.get("mu"))], "count": chunk.X.shape[0]}
 
@@ -221,7 +223,7 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
         total = engine.map_reduce(data, fn, payload, label=label, wants_chunk=chunked)
         if not center or mu is not None:  # centred norms need mu from a previous pass
             norms.extend(total.get("norm", []))
-        AQ = total["Y"] / n
+        AQ = np.asarray(total["Y"], dtype=np.float64) / n
         if center:
             mu = total["S"] / n
             AQ -= np.outer(mu, mu @ Q)

@@ -62,8 +62,12 @@ class _ChunkSource:
         """The worker-cache key of chunk c's rows (blocks derived from them)."""
         return (name, c)
 
-    def __init__(self, client: Client, data: Dataset, dtype: str) -> None:
+    def __init__(self, client: Client, data: Dataset, dtype: str,
+                 scattered: dict | None = None) -> None:
         self.client, self.data, self.dtype = client, data, dtype
+        #: in-memory chunks already on the workers, by (dataset, dtype): shared by
+        #: the passes of one engine (the preconditioner's sample is read 4 times)
+        self._scattered = {} if scattered is None else scattered
         self.offsets = data.row_offsets()
         self._resident: dict[int, Future] | None = None
         self._validated: set[int] = set()
@@ -73,18 +77,23 @@ class _ChunkSource:
         self.adopted: dict[int, Future] = {}
 
     def _scatter_all(self) -> None:
+        memo = (self.data.X.name, self.dtype)
+        if memo in self._scattered:
+            self._resident = self._scattered[memo]
+            return
         Xh, yh = self.data.host
         parts = [(Xh[a:b].astype(self.dtype, copy=False), None if yh is None else yh[a:b])
                  for a, b in zip(self.offsets[:-1], self.offsets[1:])]
         futs = self.client.scatter(parts, hash=False)
         # copied once where they landed: a scattered array can arrive off its alignment
         futs = self.client.map(_aligned_chunk, futs, pure=False)
-        self._resident = dict(enumerate(futs))
+        self._resident = self._scattered[memo] = dict(enumerate(futs))
 
     def refresh(self) -> None:
         """Forget futures and worker placement after a worker was lost; scattered
         in-memory chunks are sent again on the next ``get``."""
         self._resident = None
+        self._scattered.pop((self.data.X.name, self.dtype), None)
         self._workers = None
 
     def home(self, c: int) -> list[str] | None:

@@ -100,6 +100,8 @@ class Engine:
         self.client = client
         self.options = options or EngineOptions()
         self._last_run: str | None = None
+        #: in-memory chunks scattered by this engine's passes (:class:`_ChunkSource`)
+        self._scattered: dict = {}
         #: Most chunk/partial futures alive at once in the last map_reduce or scan.
         self.peak_live = 0
         #: Step halvings of the last ``run_steps`` (:mod:`dkernel.engine.guard`).
@@ -135,7 +137,7 @@ class Engine:
         for the later ones (the caller checked that they fit)."""
         opts = self.options
         plan = self.plan(data, batch_size, random_state)
-        source = _ChunkSource(self.client, data, opts.dtype)
+        source = _ChunkSource(self.client, data, opts.dtype, self._scattered)
         bundles = (chunk_bundles(plan.row_chunks, plan.lanes, plan.batch_size)
                    if program.bundles_chunks and resident is None and data.host is None else None)
         if bundles is not None:  # small store chunks: a lane reads several as one
@@ -307,7 +309,7 @@ class Engine:
         number of chunks alone, so the sum is the same floating-point number
         on any cluster.
         """
-        source = _ChunkSource(self.client, data, self.options.dtype)
+        source = _ChunkSource(self.client, data, self.options.dtype, self._scattered)
         payload = _ship(self.client, payload)
         # a pass after a fit (its final moments) reads the fit's cached blocks as
         # their owner: it visits each once, and evicting unread ones to fill
@@ -349,7 +351,7 @@ class Engine:
         """Futures of every chunk's (X, y), each read on its home -- the worker
         its steps run on -- and the homes: for a pre-pass that leaves per-chunk
         blocks in the worker cache (all chunks at once: for data that fits)."""
-        source = _ChunkSource(self.client, data, self.options.dtype)
+        source = _ChunkSource(self.client, data, self.options.dtype, self._scattered)
         futs = source.get(tuple(range(data.n_chunks)))
         return futs, [(source.home(c) or [None])[0] for c in range(data.n_chunks)]
 
@@ -418,7 +420,7 @@ class Engine:
         full_order = [(e, int(c)) for e in range(n_epochs) for c in plan.chunk_order(e)]
         rows_before = np.concatenate([[0], np.cumsum([plan.row_chunks[c] for _, c in full_order])])
         order = full_order[start:]
-        source = _ChunkSource(self.client, data, opts.dtype)
+        source = _ChunkSource(self.client, data, opts.dtype, self._scattered)
         payload = _ship(self.client, payload)
         window = window or max(2, 2 * self.n_threads())
         progress = Progress(start + len(order), label, opts.progress, start=start)
