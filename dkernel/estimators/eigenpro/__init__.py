@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 
-from dkernel.estimators.base import BaseEstimator, bandwidth_rows, graph_value
+from dkernel.estimators.base import BaseEstimator, balanced_rows, bandwidth_rows, graph_value
 from dkernel.estimators.eigenpro.features import (
     _RF_PAIRS,
     _RF_ROWS_PER_FEATURE,
@@ -123,11 +123,14 @@ class _EigenProBase(BaseEstimator):
         if isinstance(X, da.Array):
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
+            given, X = X.chunks[0], balanced_rows(X)
             spec_d = graph_value(spec)
             parts = [da.from_delayed(dask.delayed(predict_block)(b, spec_d), shape=(rows, c),
                                      dtype=np.float32)
                      for b, rows in zip(X.to_delayed().ravel(), X.chunks[0])]
             f = da.concatenate(parts, axis=0)
+            if f.chunks[0] != given:  # the input's chunks
+                f = f.rechunk({0: given})
         else:
             f = predict_block(np.asarray(X), spec)
         return f[:, 0] if c == 1 else f
