@@ -124,22 +124,21 @@ def _spilled(dask_worker) -> int:
 
 
 def test_blocks_larger_than_the_workers_stream_without_spilling(tmp_path):
-    """Workers with a 600 MB limit (cache budget 240 MB, less what the
-    interpreter holds beyond 70% of the limit): 160k rows x 2048 features is
-    655 MB of float32 blocks a worker (328 MB as fixed16), so "auto" resolves
-    to "off" and the fit streams; 60k rows (246 MB, 123 MB as fixed16) fit as
-    fixed16."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="600MB",
+    """Workers with a 1 GB limit (cache budget 400 MB, less what the process
+    holds beyond 70% of the limit): 200k rows x 2048 features is 819 MB of
+    float32 blocks a worker (410 MB as fixed16), so "auto" resolves to "off"
+    and the fit streams; 120k rows (491 MB, 246 MB as fixed16) fit as fixed16."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1GB",
                       dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
-        big = make_store(tmp_path / "big.zarr", 160_000, 8, chunk_rows=20_000,
+        big = make_store(tmp_path / "big.zarr", 200_000, 8, chunk_rows=25_000,
                          kind="regression", client=client)
         kw = dict(n_features=2048, block_size=512, n_epochs=2, random_state=0, client=client)
         auto = DSGRegressor(**kw).fit(big)
         assert auto.feature_cache_ == "off"
         off = DSGRegressor(feature_cache="off", **kw).fit(big)
         np.testing.assert_array_equal(auto.coef_, off.coef_)
-        small = make_store(tmp_path / "small.zarr", 60_000, 8, chunk_rows=15_000,
+        small = make_store(tmp_path / "small.zarr", 120_000, 8, chunk_rows=15_000,
                            kind="regression", client=client)
         assert DSGRegressor(**kw).fit(small).feature_cache_ == "fixed16"
         assert sum(client.run(_spilled).values()) == 0

@@ -545,24 +545,27 @@ def _finite_then(fn: Callable[[Any], Any], Xb: Any, block_info: dict | None = No
 
 
 def balanced_rows(X: da.Array) -> da.Array:
-    """X with its row chunks split (never merged: reads stay aligned to the
-    store's chunks) into at least four pieces per worker thread, so that a
+    """X with row chunks longer than ``max(_PIECE_ROWS, n / _PIECES)`` split
+    (never merged: reads stay aligned to the store's chunks), so that a
     prediction over a few large chunks spreads over the cluster.  Fashion-MNIST's
     test store is 8192 + 1808 rows: one worker did 82% of EigenPro's kernel-form
-    evaluation, 17.1 s where the arithmetic on two workers needs about 8 s."""
-    try:
-        from distributed import default_client
-
-        threads = sum(default_client().nthreads().values())
-    except ValueError:  # no distributed client: the local scheduler's threads
-        threads = os.cpu_count() or 1
-    want = 4 * max(1, threads)
+    evaluation, 17.1 s where the arithmetic on two workers needs about 8 s.  The
+    pieces depend on X alone, never on the cluster, so a prediction rounds the
+    same on any cluster (BLAS may sum a block of another height in another
+    order)."""
     rows = X.chunks[0]
-    if len(rows) >= want or X.shape[0] < want:
+    size = max(_PIECE_ROWS, math.ceil(X.shape[0] / _PIECES))
+    if max(rows, default=0) <= size:
         return X
-    size = math.ceil(X.shape[0] / want)
     pieces = tuple(min(size, n - i) for n in rows for i in range(0, n, size))
     return X.rechunk({0: pieces})
+
+
+#: Rows a prediction block may have before it is split, unless the input is so
+#: large that ``_PIECES`` blocks of that size would not cover it (a store of
+#: many chunks is spread over the cluster already).
+_PIECE_ROWS = 1024
+_PIECES = 64
 
 
 def apply_rows(fn: Callable[[Any], Any], X: Any, n_out: int | None, dtype: Any,
