@@ -15,6 +15,7 @@ Paths may be fsspec URLs (``s3://bucket/m.npz``).
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
@@ -85,14 +86,27 @@ def file_exists(path: str | os.PathLike) -> bool:
 
 
 def remove_file(path: str | os.PathLike) -> None:
-    """Remove a model / checkpoint file (local path or URL) if it exists."""
+    """Remove a model / checkpoint file (local path or URL) if it exists, and
+    the temporary files of its writes that a killed process left beside it
+    (``.tmp-<random>-NAME``, :func:`write_npz_atomic`): a fit killed during a
+    checkpoint's upload left one in the bucket for good."""
     path = os.fspath(path)
     if is_url(path):
         fs, key = url_fs(path)
         if file_exists(path):
             fs.rm_file(key)
-    elif os.path.exists(path.removeprefix("file://")):
-        os.unlink(path.removeprefix("file://"))
+        parent, _, name = key.rstrip("/").rpartition("/")
+        for stale in fs.glob(f"{parent}/.tmp-{'?' * 12}-{glob.escape(name)}"):  # uuid hex
+            fs.rm_file(stale)
+        return
+    path = path.removeprefix("file://")
+    if os.path.exists(path):
+        os.unlink(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    # mkstemp's 8 random characters (no "-": another file's temporaries never match)
+    pattern = f".tmp-{'?' * 8}-{glob.escape(name)}"
+    for stale in glob.glob(os.path.join(glob.escape(folder), pattern)):
+        os.unlink(stale)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray], meta: dict) -> bytes:
@@ -140,7 +154,8 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     path = path.removeprefix("file://")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
+    # named after the file, so that removing the file finds what a killed write left
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=f"-{os.path.basename(path)}", dir=folder)
     try:
         # mkstemp's file is 0600; a model is a file like any other (readable by the
         # pods and users the umask lets read it), so it gets open()'s mode -- or,

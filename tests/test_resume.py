@@ -208,3 +208,19 @@ def test_preconditioned_fit_resumes_to_the_uninterrupted_model_up_to_rounding(cl
     resumed = DSGClassifier(checkpoint=str(full_ckpt), resume=True, **kw).fit(X, y)
     assert reference.q_ > 0
     np.testing.assert_allclose(resumed.coef_, reference.coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_removing_a_checkpoint_removes_the_writes_a_killed_process_left(tmp_path):
+    """A process killed inside write_npz_atomic leaves its temporary file; the
+    fit that finishes (and removes the checkpoint) removes it too, and only
+    the temporaries of that file."""
+    from dkernel.files import remove_file, write_npz_atomic
+
+    ckpt = tmp_path / "fit.ckpt.npz"
+    write_npz_atomic(ckpt, {"a": np.zeros(3)}, {"step": 1})
+    left = tmp_path / ".tmp-k1ll3d_x-fit.ckpt.npz"  # mkstemp's 8 characters, then the name
+    left.write_bytes(b"half a file")
+    other = tmp_path / ".tmp-abcd1234-x-fit.ckpt.npz"  # another file's (x-fit.ckpt.npz)
+    other.write_bytes(b"")
+    remove_file(ckpt)
+    assert not ckpt.exists() and not left.exists() and other.exists()
