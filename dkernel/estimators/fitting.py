@@ -123,8 +123,8 @@ class FitContext:
 
         "auto": "off" for one epoch (every block is read once); else float32
         when every worker's share of the blocks, plus its rows of X (kept on
-        the worker for the fit, :meth:`run_steps`), fits its cache budget
-        (:func:`dkernel.engine.cache.budget`), else fixed16 if that fits, else
+        the worker for the fit, :meth:`run_steps`), fits its headroom
+        (:func:`dkernel.engine.cache.headroom`), else fixed16 if that fits, else
         "off" -- a store larger than the cluster streams as it always did.
         "float32" / "fixed16" as given keep the blocks that fit and regenerate
         the rest.  ``self.keep_chunks`` says whether everything fits."""

@@ -73,9 +73,10 @@ FEATURE_CACHE = Param("feature_cache", AUTO, '{"auto", "float32", "fixed16", "of
     Keep the feature blocks Phi_j(X_c) on the workers between epochs
     (:mod:`dkernel.solvers.feature_cache`).  "auto": float32 when every
     worker's share of the blocks and of X fits its cache budget (the
-    config ``dkernel.cache-fraction`` of its memory limit, 0.4), else
-    fixed16 (features as 16-bit integers, absolute error 2.2e-5) if that
-    fits, else "off", and "off" for a single epoch.  "float32" / "fixed16"
+    config ``dkernel.cache-fraction`` of its memory limit, 0.4, less what
+    the process holds beyond Dask's spill threshold), else fixed16
+    (features as 16-bit integers, absolute error 2.2e-5) if that fits,
+    else "off", and "off" for a single epoch.  "float32" / "fixed16"
     keep the blocks that fit and regenerate the rest; "off" regenerates
     every block every epoch.  Stored as ``feature_cache_``.""", "pool")
 N_COMPONENTS = Param("n_components", 4, "int", integer(), "Components k.", "pool",
