@@ -132,3 +132,20 @@ def test_continuous_target_given_to_a_classifier_points_to_regression(client, Xy
     X, _ = Xy
     with pytest.raises(ValueError, match="Unknown label type.*use a regressor"):
         DSGClassifier(client=client).fit(X, np.linspace(0, 1, len(X)))
+
+
+def test_prediction_blocks_split_long_chunks_and_keep_unknown_ones():
+    """Long row chunks are split for a prediction (by the input alone); chunks
+    of unknown size (a dask dataframe's array) are left as they are."""
+    import dask.array as da
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from dkernel.estimators.base import balanced_rows
+
+    X = da.zeros((10_000, 3), chunks=(8192, 3))
+    assert balanced_rows(X).chunks[0] == (1024,) * 8 + (1024, 784)
+    small = da.zeros((600, 3), chunks=(200, 3))
+    assert balanced_rows(small) is small
+    unknown = dd.from_pandas(pd.DataFrame(np.zeros((500, 3))), npartitions=2).to_dask_array()
+    assert balanced_rows(unknown) is unknown

@@ -554,6 +554,8 @@ def balanced_rows(X: da.Array) -> da.Array:
     same on any cluster (BLAS may sum a block of another height in another
     order)."""
     rows = X.chunks[0]
+    if any(math.isnan(n) for n in rows):  # unknown sizes (a dataframe's): as given
+        return X
     size = max(_PIECE_ROWS, math.ceil(X.shape[0] / _PIECES))
     if max(rows, default=0) <= size:
         return X
