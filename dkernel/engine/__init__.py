@@ -4,7 +4,8 @@ from dkernel.engine.cluster import connect, local_cluster
 from dkernel.engine.guard import DivergenceError, FitQualityWarning
 from dkernel.engine.loop import Engine, EngineOptions, tree_sum
 from dkernel.engine.program import StepProgram
+from dkernel.engine.stall import WorkersPaused
 
 __all__ = ["connect", "local_cluster", "DivergenceError", "Engine", "EngineOptions",
            "FitQualityWarning",
-           "StepProgram", "tree_sum"]
+           "StepProgram", "WorkersPaused", "tree_sum"]

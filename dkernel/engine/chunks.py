@@ -16,6 +16,7 @@ from distributed import Client, Future
 from dkernel.backend import aligned, namespace
 from dkernel.data.dataset import Dataset, StoreArrays, read_store_rows
 from dkernel.data.validate import check_finite_chunk
+from dkernel.engine.stall import scatter
 
 
 def _load_chunk(X: Any, y: Any, row_offset: int, dtype: str, validate: bool) -> tuple[Any, Any]:
@@ -84,7 +85,7 @@ class _ChunkSource:
         Xh, yh = self.data.host
         parts = [(Xh[a:b].astype(self.dtype, copy=False), None if yh is None else yh[a:b])
                  for a, b in zip(self.offsets[:-1], self.offsets[1:])]
-        futs = self.client.scatter(parts, hash=False)
+        futs = scatter(self.client, parts, hash=False)
         # copied once where they landed: a scattered array can arrive off its alignment
         futs = self.client.map(_aligned_chunk, futs, pure=False)
         self._resident = self._scattered[memo] = dict(enumerate(futs))

@@ -32,7 +32,7 @@ from functools import partial, wraps
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future
 from threadpoolctl import threadpool_limits
 
 from dkernel.data.dataset import Dataset
@@ -43,6 +43,7 @@ from dkernel.engine.guard import DivergenceGuard
 from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress
 from dkernel.engine.reduce import _CounterTree, _run_partial, _run_step_partial, tree_sum
+from dkernel.engine.stall import scatter, wait_running
 
 
 @dataclass
@@ -334,18 +335,18 @@ class Engine:
             del chunks
             # the previous window must finish before more chunks are read; its
             # partials join the tree (summed on the workers, never gathered here)
-            wait(inflight)
+            wait_running(self.client, inflight, label)
             for f in inflight:
                 tree.push(f)
                 progress.update(1)
             inflight = batch
             self.peak_live = max(self.peak_live, len(inflight) + len(tree))
-        wait(inflight)
+        wait_running(self.client, inflight, label)
         for f in inflight:
             tree.push(f)
             progress.update(1)
         progress.close()
-        return tree.result()
+        return tree.result(label)
 
     def resident_chunks(self, data: Dataset) -> tuple[dict[int, Future], list[str | None]]:
         """Futures of every chunk's (X, y), each read on its home -- the worker
@@ -435,12 +436,14 @@ class Engine:
             pending.append(current)
             self.peak_live = max(self.peak_live, len(pending))
             if len(pending) >= window:  # bound the chunks alive at once
-                wait(pending.pop(0))
+                wait_running(self.client, [pending.pop(0)], label)
             done = start + k + 1
             if ckpt.due(done):
+                wait_running(self.client, [current], label)
                 value = current.result()
                 ckpt.save(value if isinstance(value, dict) else {"state": value}, done)
             progress.update(1)
+        wait_running(self.client, [current], label)
         result = current.result() if isinstance(current, Future) else current
         progress.close()
         return result
@@ -506,7 +509,7 @@ def _ship(client: Client, payload: Any) -> Any:
     each task (wrapped in a list: scatter would split a dict into keys)."""
     if _nbytes(payload) <= _SCATTER_BYTES:
         return payload
-    return client.scatter([payload], broadcast=True, hash=False)[0]
+    return scatter(client, [payload], broadcast=True, hash=False)[0]
 
 
 def _nbytes(obj: Any) -> int:

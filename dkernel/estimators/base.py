@@ -25,6 +25,7 @@ from sklearn.utils.validation import check_array, column_or_1d, validate_data
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import EngineOptions
+from dkernel.engine.stall import result, scatter, wait_running
 from dkernel.estimators.model_file import register, write_model
 from dkernel.estimators.params import AUTO, check_values
 from dkernel.estimators.spec import check_random_state_param, params_of
@@ -221,6 +222,7 @@ def sample_rows(data: Dataset, random_state: int, client: Any,
             blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
             parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
                                     for b, c in zip(blocks, chunks)])
+        wait_running(client, parts, "the sample")
         sample = np.concatenate([np.asarray(p, dtype=np.float64) for p in client.gather(parts)])
     bad = ~np.isfinite(sample).all(axis=1)
     if bad.any():
@@ -266,7 +268,7 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
     if data.host is not None:
         classes = np.unique(data.host[1])
     else:
-        classes = client.compute(da.unique(data.y.reshape(-1))).result()
+        classes = result(client, client.compute(da.unique(data.y.reshape(-1))), "y's classes")
     if classes.dtype.kind == "f" and not np.all(np.mod(classes, 1) == 0):
         bad = classes[np.mod(classes, 1) != 0][0]
         raise ValueError(
@@ -534,7 +536,7 @@ def graph_value(value: dict) -> Any:
             client = None
         if client is not None and client.status == "running":
             # wrapped in a list: scatter would split a dict into one future per key
-            return client.scatter([value], hash=True)[0]
+            return scatter(client, [value], hash=True)[0]
     return dask.delayed(value, pure=True)
 
 

@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.dataset import Dataset
+from dkernel.engine.stall import result
 from dkernel.estimators.base import (
     accuracy_any,
     binary_margin,
@@ -63,7 +64,8 @@ class RegressorOutputs(Supervised):
 
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
         mean = (data.host[1].mean(axis=0) if data.host is not None
-                else client.compute(data.y.astype(np.float64).mean(axis=0)).result())
+                else result(client, client.compute(data.y.astype(np.float64).mean(axis=0)),
+                         "y's mean"))
         return TargetEncoding("regression",
                               offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
 

@@ -336,6 +336,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     from distributed import wait
 
     from dkernel.engine.progress import Progress
+    from dkernel.engine.stall import PauseWatch
 
     n = len(row_chunks)
     p = int(sum(row_chunks))
@@ -387,11 +388,13 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                                       priority=1, **place[other]))
             del B
         pending, needed = set(puts), {h for h in homes if h}
+        watch = PauseWatch(client, "the kernel-row fill")
         while pending:
             try:
                 done, pending = wait(pending, timeout=5, return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished in 5 s: are the homes still there?
                 done = set()
+                watch.check(len(pending))
             for fut in done:
                 fut.result()  # raises a task's error
                 bar.update(1)

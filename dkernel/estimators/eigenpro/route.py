@@ -11,6 +11,7 @@ import numpy as np
 from dkernel.data.dataset import Dataset
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.chunks import worker_rows
+from dkernel.engine.stall import result, wait_running
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import validation_score
 from dkernel.solvers.eigenpro import predict_kernel, step_size
@@ -109,6 +110,9 @@ def rows_as_float32(data: Dataset, client: Any, chunks: dict | None = None) -> n
     if data.host is not None:
         return np.ascontiguousarray(data.host[0], dtype=np.float32)
     if chunks is not None:
-        parts = client.gather([chunks[c] for c in range(data.n_chunks)])
+        futs = [chunks[c] for c in range(data.n_chunks)]
+        wait_running(client, futs, "the centers' rows")
+        parts = client.gather(futs)
         return np.concatenate([np.asarray(X, dtype=np.float32) for X, _ in parts])
-    return np.ascontiguousarray(client.compute(data.X.astype(np.float32)).result())
+    return np.ascontiguousarray(result(client, client.compute(data.X.astype(np.float32)),
+                                       "the centers' rows"))

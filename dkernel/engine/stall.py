@@ -1,0 +1,137 @@
+"""Waiting on the cluster without waiting for ever.
+
+A Dask worker whose process memory passes its pause threshold (80% of its
+memory limit, ``distributed.worker.memory.pause``) runs no task until the
+memory falls again.  Spilling frees only what Dask manages; what the
+interpreter, BLAS and the chunk being read hold stays, so a worker paused by
+them stays paused, and a fit waiting on its tasks used to wait silently for
+ever (2 workers with a 400 MiB limit: both paused at ~330 MiB before the first
+DSG step, with every task queued).
+
+:func:`wait_running` waits like ``distributed.wait``, and every
+``_CHECK_SECONDS`` asks the scheduler which workers are paused: a worker
+paused ``_WARN_SECONDS`` is warned about once, with its memory and limit; when
+every worker has been paused ``_FAIL_SECONDS`` and none of the awaited tasks
+finished, :class:`WorkersPaused` says what to change instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from distributed import Client, Future, wait
+
+#: seconds between checks of the workers' status while tasks are pending
+_CHECK_SECONDS = 5.0
+#: a worker paused this long is reported (once per wait)
+_WARN_SECONDS = 15.0
+#: every worker paused this long, with no awaited task finishing: give up
+_FAIL_SECONDS = 60.0
+
+
+class WorkersPaused(RuntimeError):
+    """Every worker has been paused by Dask's memory guard with the fit's tasks
+    waiting on them."""
+
+
+def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit") -> None:
+    """Wait until every future in ``futures`` is done (finished, erred or
+    cancelled: the caller's gather/result raises the error), checking that the
+    cluster can still run them (module docstring).  Non-futures are ignored."""
+    pending = [f for f in futures if isinstance(f, Future)]
+    if not pending:
+        return
+    watch = PauseWatch(client, label)
+    while True:
+        try:
+            wait(pending, timeout=_CHECK_SECONDS)
+            return
+        except TimeoutError:
+            pass
+        pending = [f for f in pending if not f.done()]
+        watch.check(len(pending))
+
+
+def result(client: Client, future: Future, label: str = "the fit") -> Any:
+    """``future.result()`` after :func:`wait_running`."""
+    wait_running(client, [future], label)
+    return future.result()
+
+
+def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) -> Any:
+    """``client.scatter``, saying why when it fails because every worker is paused
+    (the scheduler sends data only to running workers, and after its connect
+    timeout raises "No valid workers found")."""
+    try:
+        return client.scatter(data, **kwargs)
+    except TimeoutError as err:
+        workers = _workers(client)
+        paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+        if not paused:
+            raise
+        first = min(paused)
+        raise WorkersPaused(
+            f"{label} stopped: no running worker could take its data ({len(paused)} of "
+            f"{len(workers)} paused by Dask's memory guard; {first}: {_held(paused[first])}). "
+            f"{_ADVICE}") from err
+
+
+def _workers(client: Client) -> dict[str, dict]:
+    try:
+        return client.scheduler_info(n_workers=-1).get("workers", {})
+    except Exception:  # the scheduler busy or gone: the caller's wait decides
+        return {}
+
+
+class PauseWatch:
+    """Which workers are paused, since when; warns and raises (module docstring).
+    ``check(pending)`` is called between timed-out waits with the number of
+    awaited tasks still pending (fewer than last time: progress)."""
+
+    def __init__(self, client: Client, label: str) -> None:
+        self.client, self.label = client, label
+        self.paused_since: dict[str, float] = {}
+        self.warned: set[str] = set()
+        self.pending: int | None = None
+        self.progress_at = time.monotonic()
+
+    def check(self, pending: int) -> None:
+        now = time.monotonic()
+        if self.pending is None or pending < self.pending:
+            self.pending, self.progress_at = pending, now
+        workers = _workers(self.client)
+        paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+        self.paused_since = {a: self.paused_since.get(a, now) for a in paused}
+        for a, w in paused.items():
+            if a not in self.warned and now - self.paused_since[a] >= _WARN_SECONDS:
+                self.warned.add(a)
+                warnings.warn(f"{self.label}: worker {a} has been paused for "
+                              f"{now - self.paused_since[a]:.0f} s at {_held(w)}; its tasks wait "
+                              f"until its memory falls. {_ADVICE}", RuntimeWarning, stacklevel=3)
+        if not paused or len(paused) < len(workers):
+            return
+        since = max(self.progress_at, max(self.paused_since.values()))
+        if now - since >= _FAIL_SECONDS:
+            first = min(paused)
+            raise WorkersPaused(
+                f"{self.label} stopped: every worker has been paused by Dask's memory guard "
+                f"for {now - since:.0f} s and none of its {pending} waiting tasks ran "
+                f"({first}: {_held(paused[first])}). {_ADVICE}")
+
+
+_ADVICE = ("Dask pauses a worker above 80% of its memory limit "
+           "(distributed.worker.memory.pause): give the workers a larger memory limit "
+           "(dask worker --memory-limit, local_cluster(memory_limit=...)) or store the data "
+           "in smaller chunks.")
+
+
+def _held(worker: dict) -> str:
+    """'332 MiB of its 400 MiB memory limit' from the scheduler's worker info."""
+    memory = (worker.get("metrics") or {}).get("memory")
+    limit = worker.get("memory_limit")
+    if not memory or not limit:
+        return "its memory limit"
+    return f"{memory / 2**20:.0f} MiB of its {limit / 2**20:.0f} MiB memory limit"

@@ -1,0 +1,67 @@
+"""A fit whose workers Dask has paused for memory stops with an error that says
+what to change, instead of waiting for ever (dkernel.engine.stall)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dkernel import DSGRegressor
+from dkernel.engine import WorkersPaused, stall
+
+
+@pytest.fixture
+def fast_watch(monkeypatch):
+    monkeypatch.setattr(stall, "_CHECK_SECONDS", 0.3)
+    monkeypatch.setattr(stall, "_WARN_SECONDS", 0.5)
+    monkeypatch.setattr(stall, "_FAIL_SECONDS", 2.0)
+
+
+def test_fit_on_paused_workers_raises_with_the_fix(fast_watch, tmp_path):
+    from dkernel.data import write_store
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 3)).astype(np.float32)
+    y = X[:, 0].copy()
+    store = str(tmp_path / "s.zarr")
+    write_store(store, X, y, chunk_rows=250)
+    # a pause threshold of 1% of 1 GB: the worker's interpreter alone passes it, so
+    # the worker pauses as soon as its memory monitor runs and never resumes -- the
+    # state a too-small memory limit leaves a real worker in.  The scheduler waits
+    # its connect timeout for a running worker to scatter to: 3 s here.
+    with dask.config.set({"distributed.worker.memory.pause": 0.01,
+                          "distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.target": False,
+                          "distributed.comm.timeouts.connect": "3s"}):
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                               memory_limit="1GB", dashboard_address=":0",
+                               silence_logs=logging.CRITICAL)
+        client = Client(cluster)
+    with cluster, client:
+        deadline = time.monotonic() + 30
+        while not any(w.get("status") == "paused"
+                      for w in client.scheduler_info(n_workers=-1)["workers"].values()):
+            assert time.monotonic() < deadline, "the worker never paused"
+            time.sleep(0.1)
+        # a store: the chunk reads are queued on the paused worker
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="paused for"), \
+                pytest.raises(WorkersPaused, match=r"MiB memory limit.*--memory-limit"):
+            DSGRegressor(n_features=256, n_epochs=1, client=client).fit(store)
+        # stopped by the watch (2 s without progress), not by a test timeout
+        assert time.monotonic() - t0 < 20
+        # in memory: the scheduler finds no running worker to scatter the rows to
+        with pytest.raises(WorkersPaused, match="no running worker could take its data"):
+            DSGRegressor(n_features=256, n_epochs=1, client=client).fit(X, y)
+
+
+def test_wait_running_returns_on_a_running_cluster(client):
+    futs = [client.submit(np.add, i, 1, pure=False) for i in range(4)]
+    stall.wait_running(client, futs)
+    assert client.gather(futs) == [1, 2, 3, 4]
+    stall.wait_running(client, [None, 3])  # nothing to wait for
