@@ -382,3 +382,38 @@ def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(
     import copy
 
     assert copy.copy(DSGRegressor(client=client)).client is client
+
+
+def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path):
+    """local_steps=k: each lane takes k preconditioned steps on its own rows
+    between averages (solvers/dsg.py, local SGD); recorded, saved, resumable."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (6000, 4)).astype(np.float32)
+    y = (np.sin(3 * X[:, 0]) + X[:, 1] * X[:, 2]).astype(np.float32)
+    Xt, yt = X[5000:], y[5000:]
+    X, y = X[:5000], y[:5000]
+    kw = dict(n_features=512, batch_size=1024, lanes=2, n_epochs=4, random_state=0,
+              client=client)
+    sync = DSGRegressor(**kw).fit(X, y)
+    assert sync.local_steps_ == 1  # "auto" at 2 lanes
+    local = DSGRegressor(local_steps=3, **kw).fit(X, y)
+    assert local.local_steps_ == 3
+    # rounds of 3 x 1024 rows: a third of the synchronous steps' round trips
+    assert sum(h["steps"] for h in local.history_) < sum(h["steps"] for h in sync.history_)
+    assert local.score(Xt, yt) > 0.9 and sync.score(Xt, yt) > 0.9, (local.score(Xt, yt),
+                                                                   sync.score(Xt, yt))
+    # one local step a round is the synchronous step, to the bit
+    one = DSGRegressor(local_steps=1, **kw).fit(X, y)
+    np.testing.assert_array_equal(one.coef_, sync.coef_)
+    local.save(tmp_path / "m.npz")
+    assert load_model(tmp_path / "m.npz").local_steps_ == 3
+    # a checkpointed, resumed fit ends where the uninterrupted one does
+    ckpt = str(tmp_path / "r.ckpt.npz")
+    DSGRegressor(local_steps=3, checkpoint=ckpt, checkpoint_every=2, **kw).fit(X, y)
+    resumed = DSGRegressor(local_steps=3, checkpoint=ckpt, resume=True, **kw).fit(X, y)
+    np.testing.assert_allclose(resumed.coef_, local.coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_local_steps_without_the_preconditioner_are_refused():
+    with pytest.raises(ValueError, match="local_steps=4 .*preconditioner='eigenpro'"):
+        DSGRegressor(local_steps=4, preconditioner=None).fit(np.zeros((10, 2)), np.zeros(10))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from typing import Any
 
@@ -85,7 +86,7 @@ class _DSGBase(BaseEstimator):
                  checkpoint: str | None = None, checkpoint_every: int = 0, resume: bool = False,
                  early_stopping: bool = False, validation_fraction: float = 0.1,
                  n_iter_no_change: int = 2, average: bool = False,
-                 feature_cache: str = "auto") -> None:
+                 feature_cache: str = "auto", local_steps: int | str = "auto") -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -98,6 +99,11 @@ class _DSGBase(BaseEstimator):
                 f"the ridge term alone makes the first steps diverge (each scales the model "
                 f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
                 f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
+        if self.local_steps != "auto" and int(self.local_steps) > 1 \
+                and self.preconditioner != "eigenpro":
+            raise ValueError(
+                f"local_steps={self.local_steps} takes preconditioned steps on the workers; "
+                f"set preconditioner='eigenpro' or local_steps=1")
         allowed = CLASSIFICATION_LOSSES if self._task == "classification" else REGRESSION_LOSSES
         if self._loss not in allowed:
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of "
@@ -134,7 +140,7 @@ class _DSGBase(BaseEstimator):
                                                        encoding, rows if shared else None)
             else:
                 self.batch_size_ = 512 if self.batch_size == "auto" else int(self.batch_size)
-                self.q_ = 0
+                self.q_, self.local_steps_ = 0, 1
                 if self.step_size == "auto":
                     # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
                     # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
@@ -150,8 +156,10 @@ class _DSGBase(BaseEstimator):
             if self.verbose:
                 print(f"dsg: {n_blocks * features.block_size} features, "
                       f"batch_size={self.batch_size_}, lanes={self.lanes_}, "
+                      f"local_steps={self.local_steps_}, "
                       f"feature_cache={self.feature_cache_}", flush=True)
-            state = fit.run_steps(program, self.batch_size_,
+            # a round of local steps is one engine step over local_steps batches
+            state = fit.run_steps(program, self.batch_size_ * self.local_steps_,
                                   evaluate=self._evaluator(fit, program, features, encoding))
             self._set_fitted(features, encoding, _coef(program, state))
             self._after_fit(full, fit.engine)
@@ -169,18 +177,22 @@ class _DSGBase(BaseEstimator):
             self.batch_size_ = default_batch(self.lanes_, D, data.n_rows)
         else:
             self.batch_size_ = int(self.batch_size)
+        self.local_steps_ = self._resolve_local_steps(data.n_rows)
+        # the rows one step's gradient sees: the batch, or a lane's share of it in rounds
+        step_rows = (math.ceil(self.batch_size_ / self.lanes_) if self.local_steps_ > 1
+                     else self.batch_size_)
         t0 = time.perf_counter()
         if sample is None:
             sample = sample_rows(data, self.random_state_, engine.client, size=_PRECONDITIONER_ROWS)
         pre, beta, _ = feature_preconditioner(
-            engine, sample, features, n_blocks, _PRECONDITIONER_PAIRS, self.batch_size_, 1.0,
+            engine, sample, features, n_blocks, _PRECONDITIONER_PAIRS, step_rows, 1.0,
             self.random_state_, label="dsg preconditioner")
         self.preconditioner_seconds_ = time.perf_counter() - t0
         self.q_ = pre.q
         self.eigenvalues_ = pre.values
         if self.step_size == "auto":
             self.step_size_ = ridge_step(
-                _STEP_SCALE[self._loss] * step_size(self.batch_size_, beta, pre.new_top) / 2,
+                _STEP_SCALE[self._loss] * step_size(step_rows, beta, pre.new_top) / 2,
                 float(self.alpha))
         else:
             self.step_size_ = float(self.step_size)
@@ -193,7 +205,17 @@ class _DSGBase(BaseEstimator):
         return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
                           self.step_size_, float(self.step_decay),
                           preconditioner=pre.shifted(shift), beta=beta + shift,
-                          batch_size=self.batch_size_, average=bool(self.average))
+                          batch_size=step_rows, average=bool(self.average),
+                          local_steps=self.local_steps_,
+                          step_rows=step_rows if self.local_steps_ > 1 else 0)
+
+    def _resolve_local_steps(self, n_rows: int) -> int:
+        """``local_steps``: "auto" is 1 up to _SYNC_LANES lanes, else
+        ceil(lanes / _SYNC_LANES), at most what leaves _MIN_ROUNDS rounds an epoch."""
+        if self.local_steps != "auto":
+            return int(self.local_steps)
+        k = math.ceil(self.lanes_ / _SYNC_LANES)
+        return max(1, min(k, n_rows // (_MIN_ROUNDS * max(self.batch_size_, 1))))
 
     def _evaluator(self, fit: FitContext, program: DSGProgram, features: FeatureMap,
                    encoding: TargetEncoding) -> Any:
@@ -240,7 +262,16 @@ class _DSGBase(BaseEstimator):
 
 #: Settings resolved at fit time ("auto" values included) that determine the
 #: model: saved with it, so the fit can be reproduced on any cluster.
-_RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_", "feature_cache_")
+_RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_", "feature_cache_",
+             "local_steps_")
+
+#: "auto" local steps: synchronous steps up to this many lanes.  A step's fixed
+#: cost is ~8 ms + 2.5 ms a lane (benchmarks/step_overhead.py, docs/scaling.md)
+#: against ~290 ms of a lane's compute at the default batch (65536 rows, D = 2048,
+#: d = 32): 16 lanes keep it near 15%; past them each 16 lanes add a local step.
+_SYNC_LANES = 16
+#: ... but an epoch keeps at least this many rounds (as the pool estimators do).
+_MIN_ROUNDS = 8
 
 
 def _json(v: Any) -> Any:

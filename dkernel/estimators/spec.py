@@ -172,8 +172,19 @@ AVERAGE = Param("average", False, "bool", boolean(), """\
     al.'s O(1/t) figure (Fig. 4(2)) is of this average.  It costs
     O(coefficients changed) a step: one block without the
     preconditioner, all D with it.""")
+_DSG_LOCAL_STEPS = Param("local_steps", AUTO, 'int or "auto"', auto_or(integer()), """\
+    Preconditioned steps each lane takes on its own rows between two
+    averages of the lanes' coefficients (local SGD; a round is one
+    engine step, so a round trip and its ``lanes`` tasks serve k steps).
+    1: every step is synchronous over the whole batch.  With k > 1 a
+    lane's local step has ceil(batch_size / lanes) rows, and q and the
+    step size are chosen for that many rows.  "auto": 1 up to 16 lanes,
+    else ceil(lanes / 16) (a round's fixed cost grows ~2.5 ms a lane,
+    docs/scaling.md), at most what leaves 8 rounds an epoch.  Needs the
+    preconditioner.  Stored as ``local_steps_``.""", "sgd")
 _DSG = (KERNEL, BANDWIDTH, N_FEATURES, BLOCK_SIZE, LOSS, ALPHA, BATCH_SIZE, N_EPOCHS,
-        STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE, FEATURE_CACHE)
+        STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE, FEATURE_CACHE,
+        _DSG_LOCAL_STEPS)
 _DSG_REGRESSOR = (
     Param("epsilon", 0.1, "float", number(0.0, low_open=False), """\
         Threshold of the "huber" loss (quadratic within epsilon of the target,
@@ -495,6 +506,6 @@ AUTO_FROM = {
     "feature_cache": "the workers' memory and the epochs",
     "steps": "the row count and the other settings",
     "n_passes": "the row count (16384 rows streamed)",
-    "local_steps": "the pool width and the rows",
+    "local_steps": "the lanes, the pool width and the rows",
     "form": "the cheaper representation",
 }

@@ -38,6 +38,20 @@ a handful of rows to thousands and a wide step (many rows on every worker,
 which amortises the step's fixed cost) is no longer wasted:
 \gamma_t = c_loss \eta(m) / 2 / (1 + \theta_1 t), \eta(m) EigenPro's step for
 a batch of m rows (linear in m below m*), c_loss the loss's inverse curvature.
+
+Rounds of local steps (``local_steps`` k > 1; local SGD: Stich 2019, "Local
+SGD converges fast and communicates little"; Lin et al. 2020, "Don't use
+large mini-batches, use local SGD").  A step's fixed cost -- a round trip
+and one task a lane through one scheduler -- grows with the lanes (~2.5 ms a
+lane, docs/scaling.md), while a lane's rows a step do not.  In a round each
+lane starts from the same a, takes k preconditioned steps of b rows on its
+own rows (P and the schedule on the worker), and the coordinator averages
+the lanes' coefficients weighted by their rows.  For the quadratic loss the
+average of the lanes' steps from one point is the synchronous step on their
+union with the step size of b rows: while b is below the critical batch m*
+that is a shorter step than the union's, so q and gamma_0 are chosen for b,
+and the rounds cost statistical efficiency unless b >= m*.  What they save
+is coordination: k steps for one round trip and ``lanes`` tasks.
 """
 
 from __future__ import annotations
@@ -107,6 +121,39 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
             "count": X.shape[0]}
 
 
+def dsg_round(payload: dict, chunk: Chunk) -> dict:
+    """Worker side of a round (``local_steps`` > 1): preconditioned steps of
+    ``payload["step_rows"]`` rows on the lane's rows, from the round's
+    coefficients, i-th at gamma_{t+i}.  Returns the final coefficients times
+    the rows seen (the engine sums the lanes; the coordinator divides)."""
+    features: FeatureMap = payload["features"]
+    encoding: TargetEncoding = payload["encoding"]
+    dt = np.dtype(features.dtype)
+    mode = mode_of(payload)
+    E, shrink = np.asarray(payload["pre_vectors"]), np.asarray(payload["pre_shrink"])
+    coef = np.array(payload["coef"], dtype=np.float64)
+    D = coef.shape[0]
+    b, t = int(payload["step_rows"]), float(payload["t"])
+    rows = np.arange(chunk.X.shape[0]) if chunk.rows is None else np.asarray(chunk.rows)
+    loss, count, steps = 0.0, 0, 0
+    for start in range(0, len(rows), b):
+        sub = Chunk(chunk.X, chunk.y, rows[start:start + b], chunk.key, chunk.run)
+        Y = encoding.encode(sub.y_rows, dt)
+        part = _pool_partial(features, sub, asarray_like(coef.astype(dt), chunk.X), Y,
+                             payload["loss"], mode)
+        m = int(part["count"])
+        gamma = (payload["gamma0"] / (1.0 + payload["step_decay"] * t)
+                 * eigenpro_step(m, payload["beta"], payload["new_top"])
+                 / eigenpro_step(b, payload["beta"], payload["new_top"]))
+        g = part["grad"] / (m * D) + payload["alpha"] * coef
+        coef -= gamma * (g - E @ (shrink[:, None] * (E.T @ g)))  # P g (FeaturePreconditioner)
+        loss += part["loss"]
+        count += m
+        steps += 1
+        t += 1.0
+    return {"coef": count * coef, "loss": loss, "count": count, "local_steps": steps, "lanes": 1}
+
+
 def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str,
                   mode: str) -> dict:
     """Every block's gradient in one fused pass over row tiles (:mod:`dkernel.solvers.fused`)."""
@@ -166,15 +213,35 @@ class DSGProgram(StepProgram):
     #: also keep the average of the iterates, f_avg = (1/t) sum_i f_i (Dai et al.
     #: Fig. 4(2) plots it): see :meth:`averaged`
     average: bool = False
+    #: preconditioned steps a lane takes between two averages (module docstring)
+    local_steps: int = 1
+    #: rows of one lane's local step (``local_steps`` > 1)
+    step_rows: int = 0
 
-    partial = staticmethod(dsg_partial)
     wants_chunk = True
     bundles_chunks = True  # a small chunk's lane reads several (data.plan.chunk_bundles)
     supports_backoff = True
 
+    @staticmethod
+    def partial(payload: dict, chunk: Chunk) -> dict:
+        return dsg_round(payload, chunk) if "step_rows" in payload else dsg_partial(payload, chunk)
+
+    @property
+    def rounds(self) -> bool:
+        """Rounds of local steps (module docstring) instead of synchronous steps."""
+        return self.preconditioner is not None and self.local_steps > 1
+
+    def constants(self) -> dict[str, Any] | None:
+        if not self.rounds:
+            return None
+        P = self.preconditioner
+        return {"pre_vectors": P.vectors, "pre_shrink": 1.0 - P.tau * P.tail / P.values[: P.q]}
+
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
         state = {"coef": np.zeros((D, self.encoding.n_outputs)), "scale": 1.0}
+        if self.rounds:
+            state["t"] = 0.0  # local steps so far: the schedule's step count
         if self.average:
             # f_i = s_i C_i (scale s_i, stored coef C_i = sum_{k<=i} delta_k), so
             # sum_{i<=t} f_i = P_t C_t - sum_k delta_k P_{k-1} with P_i = sum_{k<=i} s_k:
@@ -199,6 +266,13 @@ class DSGProgram(StepProgram):
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
         B = self.features.block_size
+        if self.rounds:
+            P = self.preconditioner
+            return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
+                    "coef": state["coef"], "cache": self.cache_blocks, "t": float(state["t"]),
+                    "gamma0": state.get("step_scale", 1.0) * self.step_size,
+                    "step_decay": self.step_decay, "alpha": self.alpha, "beta": self.beta,
+                    "new_top": P.new_top, "step_rows": int(self.step_rows)}
         if self.preconditioner is not None:
             coef = (state["coef"] * state["scale"]).astype(self.features.dtype)
             return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
@@ -213,6 +287,11 @@ class DSGProgram(StepProgram):
         m = int(total["count"])
         gamma = state.get("step_scale", 1.0) * self.step_size / (1.0 + self.step_decay * step)
         coef = state["coef"]
+        if self.rounds:  # the lanes' coefficients, weighted by their rows
+            new = total["coef"] / max(m, 1)
+            avg = self._accumulate(state, new - coef, slice(None), 1.0) if self.average else {}
+            t = float(state["t"]) + float(total["local_steps"]) / max(int(total["lanes"]), 1)
+            return {**state, "coef": new, "scale": 1.0, "t": t, **avg}
         if self.preconditioner is not None:
             P = self.preconditioner
             gamma *= (eigenpro_step(m, self.beta, P.new_top)
@@ -258,6 +337,8 @@ class DSGProgram(StepProgram):
                              list(map(float, self.encoding.offset))],
                 "n_blocks": self.n_blocks, "alpha": self.alpha, "step_size": self.step_size,
                 "step_decay": self.step_decay, "average": self.average,
+                **({"local_steps": self.local_steps, "step_rows": int(self.step_rows)}
+                   if self.rounds else {}),
                 "preconditioner": (None if P is None
                                    else [P.q, P.tau, float(f"{np.sum(P.values):.8g}")])}
 
