@@ -61,10 +61,10 @@ def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> f
         return float(np.sum(r * r)), r
 
     chunk = Chunk(X, y, None, ("ceiling",))
-    pool_gradient(fm, chunk, n_features // B, theta, derivative, use_cache=False)  # warm
+    pool_gradient(fm, chunk, n_features // B, theta, derivative, mode="off")  # warm
     t0 = time.perf_counter()
     for _ in range(repeats):
-        pool_gradient(fm, chunk, n_features // B, theta, derivative, use_cache=False)
+        pool_gradient(fm, chunk, n_features // B, theta, derivative, mode="off")
     return repeats * n_rows / (time.perf_counter() - t0)
 
 
@@ -147,7 +147,8 @@ def step_overhead(client, n_steps: int = 200, n_features: int = 0) -> dict:
 
 
 def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
-            repeat: int = 1, lanes: int | str = "auto", local_steps: int | str = "auto") -> dict:
+            repeat: int = 1, lanes: int | str = "auto", local_steps: int | str = "auto",
+            batch_size: int | None = None) -> dict:
     """One epoch at default settings; rows/s over the whole fit, from the median of
     ``repeat`` timed fits (the same model each time: the fit is deterministic)."""
     import numpy as np
@@ -162,8 +163,10 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     if kind.startswith(("kpca", "ksvd")):
         kw["n_components"] = 8 if kind.startswith("kpca") else 4
         kw["steps"] = "power" if kind.endswith("-power") else "block"
-    if kind == "one-class":
+    if kind in ("one-class", "dsg"):
         kw["local_steps"] = local_steps
+    if batch_size is not None:
+        kw["batch_size"] = batch_size
     # warm-up on the held-out rows, untimed: a fresh worker's first fit also
     # pays one-time imports and first page-ins (0.5-2 s here), which a
     # long-running cluster does not
@@ -172,11 +175,12 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     times = []
     for i in range(repeat):
         model = cls(**kw, verbose=i == 0)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         before = executed(client)
         model.fit(store)
         times.append(time.perf_counter() - t0)
         tasks = executed(client) - before
+        client_cpu = time.process_time() - cpu0
     seconds = statistics.median(times)
     if kind.startswith("kpca"):  # variance the 8 components capture (the larger, the better)
         quality = ("captured variance", float(np.sum(model.explained_variance_)))
@@ -187,7 +191,7 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     else:
         quality = ("test R^2", model.score(*test))
     out = {"seconds": seconds, "seconds_each": times, "rows_per_s": n / seconds,
-           "quality": quality, "tasks": tasks}
+           "quality": quality, "tasks": tasks, "client_cpu_seconds": client_cpu}
     for attr in ("lanes_", "batch_size_", "local_steps_", "q_", "step_backoffs_",
                  "preconditioner_seconds_"):
         if hasattr(model, attr):
@@ -240,7 +244,7 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
               f"{res['step_overhead']['tasks_per_step']:.1f} tasks", flush=True)
         for kind in args.solvers:
             r = fit_one(kind, store, test, args.features, client, args.repeat, args.lanes,
-                        args.local_steps)
+                        args.local_steps, args.batch_size)
             # the machine's speed drifts by 20-30% over minutes here: each fit is
             # compared with the mean of the ceilings measured just before and after it
             after = measure_ceiling(client, args.inputs, args.features)
@@ -251,7 +255,10 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
                   f"{r['percent_of_ceiling']:.1f}% of the ceiling ({ceiling:,.0f} before, "
                   f"{after:,.0f} after; {r['seconds']:.1f} s, the median of "
                   f"{' '.join(f'{t:.1f}' for t in r['seconds_each'])}), "
-                  f"{r['quality'][0]} {r['quality'][1]:.4g}", flush=True)
+                  f"{r['quality'][0]} {r['quality'][1]:.4g}; {r['tasks']} scheduler tasks, "
+                  f"client CPU {r['client_cpu_seconds']:.2f} s"
+                  + "".join(f", {k} {r[k]}" for k in ("lanes_", "batch_size_", "local_steps_")
+                            if k in r), flush=True)
             ceiling = after
     return res
 
@@ -276,7 +283,9 @@ def main() -> None:
     p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="the fits' lanes ('auto': one per worker thread)")
     p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
-                   help="one-class's local_steps (1: one synchronous step a round, as before)")
+                   help="DSG's and one-class's local_steps (1: one synchronous step a round)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="DSG's and one-class's batch_size (default: theirs)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of both cluster sizes, back to back in alternating order "
