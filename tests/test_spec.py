@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -66,16 +65,16 @@ def test_old_flag_spellings_still_parse():
 
 
 def test_bad_parameter_is_refused_in_under_two_seconds_without_a_cluster(tmp_path):
-    code = ("import sys, time; t = time.perf_counter(); from dkernel.cli import main; "
+    # the process's CPU seconds, not the wall clock: on a loaded CI machine (two busy
+    # processes beside the suite) the wall clock measured the neighbours
+    code = ("import sys, time; from dkernel.cli import main; "
             "rc = main(['fit', 'STORE.zarr', '--solver', 'dsg', '--epochs', '-3', '--out', "
-            "'m.npz']); print(rc, time.perf_counter() - t, 'distributed' in sys.modules)")
-    t0 = time.perf_counter()
+            "'m.npz']); print(rc, time.process_time(), 'distributed' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, timeout=60)
-    wall = time.perf_counter() - t0
     rc, seconds, dask_loaded = out.stdout.split()
     err = out.stderr.strip().splitlines()
     assert rc == "1" and err == ["dkernel: error: n_epochs must be > 0, got -3; pass an "
                                  "integer n_epochs >= 1"]
     assert dask_loaded == "False"  # no cluster: distributed was not even imported
-    assert float(seconds) < 2.0 and wall < 4.0, (seconds, wall)
+    assert float(seconds) < 2.0, seconds  # the interpreter's start and imports included

@@ -35,6 +35,7 @@ from dkernel.solvers import gp
 from dkernel.solvers.dsg import DSGProgram, decision, ridge_step
 from dkernel.solvers.eigenpro import step_size
 from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
+from dkernel.solvers.local_steps import local_steps
 from dkernel.solvers.targets import TargetEncoding
 
 #: c_loss in the automatic step gamma_0 = c_loss / lambda_1 (lambda_1: top eigenvalue of
@@ -177,7 +178,8 @@ class _DSGBase(BaseEstimator):
             self.batch_size_ = default_batch(self.lanes_, D, data.n_rows)
         else:
             self.batch_size_ = int(self.batch_size)
-        self.local_steps_ = self._resolve_local_steps(data.n_rows)
+        self.local_steps_ = local_steps(None if self.local_steps == "auto" else self.local_steps,
+                                        self.lanes_, data.n_rows, self.batch_size_)
         # the rows one step's gradient sees: the batch, or a lane's share of it in rounds
         step_rows = (math.ceil(self.batch_size_ / self.lanes_) if self.local_steps_ > 1
                      else self.batch_size_)
@@ -208,14 +210,6 @@ class _DSGBase(BaseEstimator):
                           batch_size=step_rows, average=bool(self.average),
                           local_steps=self.local_steps_,
                           step_rows=step_rows if self.local_steps_ > 1 else 0)
-
-    def _resolve_local_steps(self, n_rows: int) -> int:
-        """``local_steps``: "auto" is 1 up to _SYNC_LANES lanes, else
-        ceil(lanes / _SYNC_LANES), at most what leaves _MIN_ROUNDS rounds an epoch."""
-        if self.local_steps != "auto":
-            return int(self.local_steps)
-        k = math.ceil(self.lanes_ / _SYNC_LANES)
-        return max(1, min(k, n_rows // (_MIN_ROUNDS * max(self.batch_size_, 1))))
 
     def _evaluator(self, fit: FitContext, program: DSGProgram, features: FeatureMap,
                    encoding: TargetEncoding) -> Any:
@@ -264,14 +258,6 @@ class _DSGBase(BaseEstimator):
 #: model: saved with it, so the fit can be reproduced on any cluster.
 _RESOLVED = ("step_size_", "lanes_", "batch_size_", "q_", "step_backoffs_", "feature_cache_",
              "local_steps_")
-
-#: "auto" local steps: synchronous steps up to this many lanes.  A step's fixed
-#: cost is ~8 ms + 2.5 ms a lane (benchmarks/step_overhead.py, docs/scaling.md)
-#: against ~290 ms of a lane's compute at the default batch (65536 rows, D = 2048,
-#: d = 32): 16 lanes keep it near 15%; past them each 16 lanes add a local step.
-_SYNC_LANES = 16
-#: ... but an epoch keeps at least this many rounds (as the pool estimators do).
-_MIN_ROUNDS = 8
 
 
 def _json(v: Any) -> Any:

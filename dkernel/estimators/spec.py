@@ -252,7 +252,16 @@ _EIGENPRO = (
         0.4 points of test accuracy.""", "sgd"),
     *_EARLY, LANES, *_RUNTIME,
     FEATURE_CACHE.but(doc=FEATURE_CACHE.doc.replace(
-        "Stored as", "The random-feature form only (``n_features`` set).  Stored as")))
+        "Stored as", "The random-feature form only (``n_features`` set).  Stored as")),
+    _DSG_LOCAL_STEPS.but(doc="""\
+        Preconditioned steps each lane takes on its own rows between two
+        averages of the lanes' coefficients (local SGD; a round is one
+        engine step, so a round trip and its ``lanes`` tasks serve k steps).
+        The random-feature form only.  1: every step is synchronous over the
+        whole batch.  With k > 1 a lane's local step has
+        min(m*, max_batch / lanes) rows, q chosen for that many.  "auto": 1
+        up to 16 lanes, else ceil(lanes / 16), at most what leaves 8 rounds
+        an epoch.  Stored as ``local_steps_``."""))
 
 # KernelPCA, KernelSVD, KernelCCA -----------------------------------------------------
 _POWER_BATCH = BATCH_SIZE.but(doc="""\

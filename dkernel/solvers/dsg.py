@@ -39,19 +39,9 @@ which amortises the step's fixed cost) is no longer wasted:
 \gamma_t = c_loss \eta(m) / 2 / (1 + \theta_1 t), \eta(m) EigenPro's step for
 a batch of m rows (linear in m below m*), c_loss the loss's inverse curvature.
 
-Rounds of local steps (``local_steps`` k > 1; local SGD: Stich 2019, "Local
-SGD converges fast and communicates little"; Lin et al. 2020, "Don't use
-large mini-batches, use local SGD").  A step's fixed cost -- a round trip
-and one task a lane through one scheduler -- grows with the lanes (~2.5 ms a
-lane, docs/scaling.md), while a lane's rows a step do not.  In a round each
-lane starts from the same a, takes k preconditioned steps of b rows on its
-own rows (P and the schedule on the worker), and the coordinator averages
-the lanes' coefficients weighted by their rows.  For the quadratic loss the
-average of the lanes' steps from one point is the synchronous step on their
-union with the step size of b rows: while b is below the critical batch m*
-that is a shorter step than the union's, so q and gamma_0 are chosen for b,
-and the rounds cost statistical efficiency unless b >= m*.  What they save
-is coordination: k steps for one round trip and ``lanes`` tasks.
+Rounds of local steps (``local_steps`` k > 1): each lane takes k of these
+steps on its own rows between two averages of the lanes' coefficients
+(:mod:`dkernel.solvers.local_steps`).
 """
 
 from __future__ import annotations
@@ -69,6 +59,7 @@ from dkernel.solvers.eigenpro import step_size as eigenpro_step
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner
 from dkernel.solvers.feature_cache import block_rows, mode_of
 from dkernel.solvers.fused import pool_gradient
+from dkernel.solvers.local_steps import local_round, round_constants, round_payload, round_update
 from dkernel.solvers.targets import TargetEncoding
 
 # Feature tiles of this many columns keep the (rows x tile) slab in cache-ish
@@ -121,37 +112,9 @@ def dsg_partial(payload: dict, chunk: Chunk) -> dict:
             "count": X.shape[0]}
 
 
-def dsg_round(payload: dict, chunk: Chunk) -> dict:
-    """Worker side of a round (``local_steps`` > 1): preconditioned steps of
-    ``payload["step_rows"]`` rows on the lane's rows, from the round's
-    coefficients, i-th at gamma_{t+i}.  Returns the final coefficients times
-    the rows seen (the engine sums the lanes; the coordinator divides)."""
-    features: FeatureMap = payload["features"]
-    encoding: TargetEncoding = payload["encoding"]
-    dt = np.dtype(features.dtype)
-    mode = mode_of(payload)
-    E, shrink = np.asarray(payload["pre_vectors"]), np.asarray(payload["pre_shrink"])
-    coef = np.array(payload["coef"], dtype=np.float64)
-    D = coef.shape[0]
-    b, t = int(payload["step_rows"]), float(payload["t"])
-    rows = np.arange(chunk.X.shape[0]) if chunk.rows is None else np.asarray(chunk.rows)
-    loss, count, steps = 0.0, 0, 0
-    for start in range(0, len(rows), b):
-        sub = Chunk(chunk.X, chunk.y, rows[start:start + b], chunk.key, chunk.run)
-        Y = encoding.encode(sub.y_rows, dt)
-        part = _pool_partial(features, sub, asarray_like(coef.astype(dt), chunk.X), Y,
-                             payload["loss"], mode)
-        m = int(part["count"])
-        gamma = (payload["gamma0"] / (1.0 + payload["step_decay"] * t)
-                 * eigenpro_step(m, payload["beta"], payload["new_top"])
-                 / eigenpro_step(b, payload["beta"], payload["new_top"]))
-        g = part["grad"] / (m * D) + payload["alpha"] * coef
-        coef -= gamma * (g - E @ (shrink[:, None] * (E.T @ g)))  # P g (FeaturePreconditioner)
-        loss += part["loss"]
-        count += m
-        steps += 1
-        t += 1.0
-    return {"coef": count * coef, "loss": loss, "count": count, "local_steps": steps, "lanes": 1}
+def _round_gradient(payload: dict, chunk: Chunk, coef: Any) -> dict:
+    """Every block's gradient at ``coef`` (a local step: solvers/local_steps.py)."""
+    return dsg_partial({**payload, "coef": coef, "block": None}, chunk)
 
 
 def _pool_partial(features: FeatureMap, chunk: Chunk, coef: Any, Y: Any, loss: str,
@@ -224,7 +187,9 @@ class DSGProgram(StepProgram):
 
     @staticmethod
     def partial(payload: dict, chunk: Chunk) -> dict:
-        return dsg_round(payload, chunk) if "step_rows" in payload else dsg_partial(payload, chunk)
+        if "round_coef" in payload:
+            return local_round(payload, chunk, _round_gradient)
+        return dsg_partial(payload, chunk)
 
     @property
     def rounds(self) -> bool:
@@ -234,8 +199,7 @@ class DSGProgram(StepProgram):
     def constants(self) -> dict[str, Any] | None:
         if not self.rounds:
             return None
-        P = self.preconditioner
-        return {"pre_vectors": P.vectors, "pre_shrink": 1.0 - P.tau * P.tail / P.values[: P.q]}
+        return round_constants(self.preconditioner)
 
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
@@ -267,12 +231,14 @@ class DSGProgram(StepProgram):
     def payload(self, state: dict[str, Any], step: int) -> dict:
         B = self.features.block_size
         if self.rounds:
-            P = self.preconditioner
+            D = state["coef"].shape[0]
             return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
-                    "coef": state["coef"], "cache": self.cache_blocks, "t": float(state["t"]),
-                    "gamma0": state.get("step_scale", 1.0) * self.step_size,
-                    "step_decay": self.step_decay, "alpha": self.alpha, "beta": self.beta,
-                    "new_top": P.new_top, "step_rows": int(self.step_rows)}
+                    "cache": self.cache_blocks,
+                    **round_payload(state["coef"], state["t"],
+                                    gamma0=state.get("step_scale", 1.0) * self.step_size,
+                                    step_decay=self.step_decay, ridge=self.alpha, grad_scale=D,
+                                    step_rows=self.step_rows, beta=self.beta,
+                                    new_top=self.preconditioner.new_top, short_steps=True)}
         if self.preconditioner is not None:
             coef = (state["coef"] * state["scale"]).astype(self.features.dtype)
             return {"features": self.features, "encoding": self.encoding, "loss": self.loss,
@@ -288,10 +254,10 @@ class DSGProgram(StepProgram):
         gamma = state.get("step_scale", 1.0) * self.step_size / (1.0 + self.step_decay * step)
         coef = state["coef"]
         if self.rounds:  # the lanes' coefficients, weighted by their rows
-            new = total["coef"] / max(m, 1)
-            avg = self._accumulate(state, new - coef, slice(None), 1.0) if self.average else {}
-            t = float(state["t"]) + float(total["local_steps"]) / max(int(total["lanes"]), 1)
-            return {**state, "coef": new, "scale": 1.0, "t": t, **avg}
+            new = round_update(state, total, "coef")
+            avg = (self._accumulate(state, new["coef"] - coef, slice(None), 1.0)
+                   if self.average else {})
+            return {**new, "scale": 1.0, **avg}
         if self.preconditioner is not None:
             P = self.preconditioner
             gamma *= (eigenpro_step(m, self.beta, P.new_top)

@@ -50,6 +50,7 @@ from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro import critical_batch, step_size, trusted_pairs
 from dkernel.solvers.feature_cache import mode_of
 from dkernel.solvers.fused import pool_gradient
+from dkernel.solvers.local_steps import local_round, round_constants, round_payload, round_update
 from dkernel.solvers.targets import TargetEncoding
 
 
@@ -205,6 +206,11 @@ def eigenpro_rf_partial(payload: dict, chunk: Chunk) -> dict:
     return {"grad": grad * float(s), "loss": loss, "count": int(Y.shape[0])}
 
 
+def _round_gradient(payload: dict, chunk: Chunk, coef: Any) -> dict:
+    """Z^T (Z theta - y) at ``coef`` (a local step: solvers/local_steps.py)."""
+    return eigenpro_rf_partial({**payload, "theta": coef}, chunk)
+
+
 def average_horizon(n_rows: int, n_features: int, batch: int) -> int:
     """Steps the iterate average spans (module docstring), 0 for none: an epoch's
     steps where the model cannot interpolate (n > D) and an epoch has several."""
@@ -249,24 +255,66 @@ class FeatureEigenProProgram(StepProgram):
     #: steps of the iterate average (0: none): the model is an exponential average of
     #: the iterates with weight 1 / min(t, average_horizon) on step t's (module docstring)
     average_horizon: int = 0
+    #: preconditioned steps a lane takes between two averages (solvers/local_steps.py)
+    local_steps: int = 1
+    #: rows of one lane's local step (``local_steps`` > 1)
+    step_rows: int = 0
 
-    partial = staticmethod(eigenpro_rf_partial)
+    @staticmethod
+    def partial(payload: dict, chunk: Chunk) -> dict:
+        if "round_coef" in payload:
+            return local_round(payload, chunk, _round_gradient)
+        return eigenpro_rf_partial(payload, chunk)
+
     wants_chunk = True
     bundles_chunks = True  # a small chunk's lane reads several (data.plan.chunk_bundles)
     supports_backoff = True
 
+    @property
+    def rounds(self) -> bool:
+        """Rounds of local steps instead of synchronous steps."""
+        return self.local_steps > 1
+
+    def constants(self) -> dict[str, Any] | None:
+        return round_constants(self.preconditioner) if self.rounds else None
+
     def init_state(self) -> dict[str, Any]:
         D = self.n_blocks * self.features.block_size
         theta = np.zeros((D, self.encoding.n_outputs))
-        if not self.average_horizon:
-            return {"theta": theta}
-        return {"theta": theta, "theta_avg": theta.copy(), "avg_steps": 0}
+        state: dict[str, Any] = {"theta": theta}
+        if self.rounds:
+            state["t"] = 0.0  # local steps so far
+        if self.average_horizon:
+            state.update({"theta_avg": theta.copy(), "avg_steps": 0})
+        return state
 
     def payload(self, state: dict[str, Any], step: int) -> dict:
-        return {"features": self.features, "n_blocks": self.n_blocks, "encoding": self.encoding,
-                "theta": state["theta"].astype(self.features.dtype), "cache": self.cache_blocks}
+        base = {"features": self.features, "n_blocks": self.n_blocks, "encoding": self.encoding,
+                "cache": self.cache_blocks}
+        if self.rounds:
+            P = self.preconditioner
+            eta = self.eta_override or step_size(self.step_rows, self.beta, P.new_top)
+            return {**base, **round_payload(
+                state["theta"], state["t"], gamma0=eta * state.get("step_scale", 1.0),
+                step_decay=0.0, ridge=self.ridge, grad_scale=1.0, step_rows=self.step_rows,
+                beta=self.beta, new_top=P.new_top, short_steps=self.eta_override is None)}
+        return {**base, "theta": state["theta"].astype(self.features.dtype)}
 
     def update(self, state: dict[str, Any], total: dict[str, Any], step: int) -> dict[str, Any]:
+        if self.rounds:
+            state = round_update(state, total, "theta")
+            theta = state["theta"]
+        else:
+            theta = self._step(state, total)
+        if not self.average_horizon:
+            return {**state, "theta": theta}
+        t = int(state["avg_steps"]) + 1
+        avg = state["theta_avg"]
+        avg += (theta - avg) / min(t, self.average_horizon)
+        return {**state, "theta": theta, "theta_avg": avg, "avg_steps": t}
+
+    def _step(self, state: dict[str, Any], total: dict[str, Any]) -> np.ndarray:
+        """Table 1, line 7: theta - eta P g on the step's summed gradient."""
         m = int(total["count"])
         eta = self.eta_override or step_size(m, self.beta, self.preconditioner.new_top)
         eta *= state.get("step_scale", 1.0)
@@ -274,13 +322,8 @@ class FeatureEigenProProgram(StepProgram):
         g = total["grad"] / m
         if self.ridge > 0:
             g = g + self.ridge * theta
-        theta -= eta * self.preconditioner.apply(g)  # Table 1, line 7
-        if not self.average_horizon:
-            return {**state, "theta": theta}
-        t = int(state["avg_steps"]) + 1
-        avg = state["theta_avg"]
-        avg += (theta - avg) / min(t, self.average_horizon)
-        return {**state, "theta": theta, "theta_avg": avg, "avg_steps": t}
+        theta -= eta * self.preconditioner.apply(g)
+        return theta
 
     def should_stop(self, state: dict[str, Any], epoch: int) -> bool:
         return self.stop
@@ -294,4 +337,6 @@ class FeatureEigenProProgram(StepProgram):
                 "n_blocks": self.n_blocks, "q": self.preconditioner.q,
                 "tau": self.preconditioner.tau, "n_outputs": self.encoding.n_outputs,
                 **({"ridge": self.ridge} if self.ridge > 0 else {}),
-                **({"average_horizon": self.average_horizon} if self.average_horizon else {})}
+                **({"average_horizon": self.average_horizon} if self.average_horizon else {}),
+                **({"local_steps": self.local_steps, "step_rows": int(self.step_rows)}
+                   if self.rounds else {})}

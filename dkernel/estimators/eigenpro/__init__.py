@@ -55,7 +55,7 @@ class _EigenProBase(BaseEstimator):
                  lanes: int | str = "auto", random_state: int = 0, client: Any = None,
                  verbose: bool = False, checkpoint: str | None = None, checkpoint_every: int = 0,
                  resume: bool = False,
-                 feature_cache: str = "auto") -> None:
+                 feature_cache: str = "auto", local_steps: int | str = "auto") -> None:
         self._store_params(locals())
 
     def _check_params(self) -> None:
@@ -76,6 +76,10 @@ class _EigenProBase(BaseEstimator):
             raise ValueError(f"feature_cache={self.feature_cache!r} applies to the random-feature "
                              "form (n_features set); the kernel form keeps kernel rows: set "
                              "kernel_cache instead")
+        if self._given("n_features") is None and self._given("local_steps") not in (None, 1):
+            raise ValueError(f"local_steps={self.local_steps} applies to the random-feature form "
+                             "(n_features set), whose steps are taken on the workers; the "
+                             "kernel form's are not: drop local_steps or set n_features")
         self._route(None).check()
 
     def _route(self, n_rows: int | None) -> Route:
@@ -152,7 +156,8 @@ class _EigenProBase(BaseEstimator):
                 "lanes": getattr(self, "lanes_", None),
                 "step_backoffs": getattr(self, "step_backoffs_", []),
                 "alpha": getattr(self, "alpha_", None),
-                "feature_cache": getattr(self, "feature_cache_", None), **history_meta(self)}
+                "feature_cache": getattr(self, "feature_cache_", None),
+                "local_steps": getattr(self, "local_steps_", None), **history_meta(self)}
         (FeatureRoute if self.form_ == "features" else KernelRoute).save(self, arrays, meta)
         return arrays, meta
 
@@ -168,6 +173,8 @@ class _EigenProBase(BaseEstimator):
         self.step_backoffs_ = meta.get("step_backoffs", [])
         if meta.get("feature_cache") is not None:  # the random-feature form, since feature_cache
             self.feature_cache_ = meta["feature_cache"]
+        if meta.get("local_steps") is not None:  # the random-feature form, since local_steps
+            self.local_steps_ = meta["local_steps"]
         set_history(self, meta)
 
 

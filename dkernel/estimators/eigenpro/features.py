@@ -3,6 +3,7 @@ bounded model of D seeded features for data of any size."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from dkernel.solvers.eigenpro_rf import (
     default_batch,
     feature_preconditioner,
 )
+from dkernel.solvers.local_steps import local_steps
 from dkernel.solvers.targets import TargetEncoding
 
 #: Least rows of the random-feature preconditioner's subsample (Ma & Belkin use
@@ -90,6 +92,10 @@ class FeatureRoute(Route):
         tau = float(est._given("damping") or 0.25)  # paper 4.1: tau = 1/4 for RF
         est.lanes_ = engine.pin_lanes(data)
         max_batch = int(est._given("max_batch") or default_batch(est.lanes_, D, data.n_rows))
+        k = est.local_steps_ = local_steps(est._given("local_steps"), est.lanes_, data.n_rows,
+                                           max_batch)
+        if k > 1:  # a local step sees one lane's share of a step (solvers/local_steps.py)
+            max_batch = math.ceil(max_batch / est.lanes_)
         # Table 1: the preconditioner comes from a subsample, so its cost does not grow with n
         s = min(data.n_rows, self.subsample())
         t0 = time.perf_counter()
@@ -106,21 +112,31 @@ class FeatureRoute(Route):
         # (solvers.eigenpro_rf's docstring)
         shifted = pre.shifted(ridge)
         m_star = critical_batch(beta + ridge, shifted.new_top)
-        batch = int(est._given("batch_size") or max(1, min(int(m_star), max_batch, data.n_rows)))
+        given = est._given("batch_size")
+        if k > 1:  # ``batch``: rows of one lane's local step; a round, k of them a lane
+            batch = (math.ceil(int(given) / est.lanes_) if given
+                     else max(1, min(int(m_star), max_batch, data.n_rows)))
+            step = batch * est.lanes_ * k
+        else:
+            batch = int(given or max(1, min(int(m_star), max_batch, data.n_rows)))
+            step = batch
         program = FeatureEigenProProgram(features, n_blocks, shifted, encoding, beta + ridge,
                                          cache_blocks=fit.feature_cache(D), ridge=ridge,
-                                         average_horizon=average_horizon(data.n_rows, D, batch))
+                                         average_horizon=average_horizon(data.n_rows, D, step),
+                                         local_steps=k, step_rows=batch if k > 1 else 0)
         if est._given("step_size") is not None:
             program.eta_override = float(est.step_size)
         spec = FeatureRoute.predict_spec
         est.features_ = features
-        state = fit.run_steps(program, batch, evaluate=self.evaluator(
+        state = fit.run_steps(program, step, evaluate=self.evaluator(
             fit, encoding, lambda st: spec(est, st.get("theta_avg", st["theta"]))))
         # the iterate average where there is one (solvers/eigenpro_rf.py)
         est.form_, est.coef_ = "features", state.get("theta_avg", state["theta"])
         est.alpha_ = ridge
         record_sgd(est, bandwidth, encoding, data.n_inputs, pre.values, pre.q, batch, m_star,
                    beta, pre.new_top, eig.method, est.feature_cache_, s, ridge)
+        if k > 1:  # the rows of a synchronous step's worth; step_size_ is a local step's
+            est.batch_size_ = batch * est.lanes_
 
     @staticmethod
     def predict_spec(est: Any, coef: np.ndarray) -> dict:
