@@ -163,7 +163,7 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     if kind.startswith(("kpca", "ksvd")):
         kw["n_components"] = 8 if kind.startswith("kpca") else 4
         kw["steps"] = "power" if kind.endswith("-power") else "block"
-    if kind in ("one-class", "dsg"):
+    if kind in ("one-class", "dsg", "eigenpro"):
         kw["local_steps"] = local_steps
     if batch_size is not None:
         kw["batch_size"] = batch_size
@@ -283,9 +283,10 @@ def main() -> None:
     p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="the fits' lanes ('auto': one per worker thread)")
     p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
-                   help="DSG's and one-class's local_steps (1: one synchronous step a round)")
+                   help="DSG's, EigenPro-RF's and one-class's local_steps (1: one synchronous "
+                        "step a round)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="DSG's and one-class's batch_size (default: theirs)")
+                   help="DSG's, EigenPro-RF's and one-class's batch_size (default: theirs)")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker run")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of both cluster sizes, back to back in alternating order "

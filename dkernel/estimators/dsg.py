@@ -178,8 +178,8 @@ class _DSGBase(BaseEstimator):
             self.batch_size_ = default_batch(self.lanes_, D, data.n_rows)
         else:
             self.batch_size_ = int(self.batch_size)
-        self.local_steps_ = local_steps(None if self.local_steps == "auto" else self.local_steps,
-                                        self.lanes_, data.n_rows, self.batch_size_)
+        self.local_steps_ = local_steps(self._given("local_steps"), self.lanes_, data.n_rows,
+                                        self.batch_size_)
         # the rows one step's gradient sees: the batch, or a lane's share of it in rounds
         step_rows = (math.ceil(self.batch_size_ / self.lanes_) if self.local_steps_ > 1
                      else self.batch_size_)

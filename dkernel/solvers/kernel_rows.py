@@ -396,7 +396,11 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                 done = set()
                 watch.check(len(pending))
             for fut in done:
-                fut.result()  # raises a task's error
+                if fut.status in ("error", "cancelled"):
+                    fut.result()  # raises the task's error
+                # (not result() on a finished put: its worker may die before we ask, and
+                # result() then waits for ever for a task pinned to the dead worker -- a
+                # busy-machine suite run hung here; the check below raises FillLost)
                 bar.update(1)
             if pending and not needed <= alive():
                 raise FillLost("a worker left the cluster during the kernel-row fill")
