@@ -336,10 +336,22 @@ def _bandwidth(regime: Regime, X: np.ndarray) -> tuple[Any, float]:
     return ("auto", med) if regime.bw == 1.0 else (regime.bw * med, regime.bw * med)
 
 
+def _at_width(a: np.ndarray, width: int | None) -> Any:
+    """``a`` in ``width`` row chunks, so that ``lanes=width`` resolves to that
+    many lanes (a lane takes whole chunks): the step and its batch are those
+    of a ``width``-worker cluster, run on this box's workers."""
+    if width is None:
+        return a
+    import dask.array as da
+
+    return da.from_array(a, chunks=(-(-a.shape[0] // width),) + (-1,) * (a.ndim - 1))
+
+
 def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
-             params: dict | None = None) -> dict:
+             params: dict | None = None, width: int | None = None) -> dict:
     """One cell: ``name`` at its defaults (plus ``params``, to show the setting
-    that passes a cell the defaults miss) on ``regime``'s data."""
+    that passes a cell the defaults miss) on ``regime``'s data.  With ``width``
+    the supervised cells run at ``lanes=width`` (:func:`_at_width`)."""
     import dkernel
 
     data = make_data(regime, seed)
@@ -347,6 +359,8 @@ def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
     given, bw = _bandwidth(regime, data["X"])
     row: dict[str, Any] = {"estimator": name, "regime": regime.name}
     t0 = time.perf_counter()
+    if width is not None:
+        params = {**(params or {}), "lanes": width}
     est_cls = functools.partial(getattr(dkernel, name), **(params or {}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -366,14 +380,16 @@ def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
                 model = est_cls(client=client).fit(X, y)
                 bw = median_bandwidth(X)
             else:
-                model = est_cls(bandwidth=given, client=client).fit(X, y)
+                model = est_cls(bandwidth=given, client=client).fit(_at_width(X, width),
+                                                                    _at_width(y, width))
             ref = _cached((regime, seed, "r2"), lambda: r2(yt, kernel_ridge(X, y, Xt, bw, seed)))
             got = r2(yt, np.asarray(model.predict(Xt)))
             row.update(metric="R^2", reference=ref, score=got,
                        passed=got >= ref - TOLERANCE["r2"])
         elif name in ("DSGClassifier", "EigenProClassifier"):
             y, yt = data["labels"], data["labels_test"]
-            model = est_cls(bandwidth=given, client=client).fit(X, y)
+            model = est_cls(bandwidth=given, client=client).fit(_at_width(X, width),
+                                                                _at_width(y, width))
             ref = _cached((regime, seed, "accuracy"), lambda: float(np.mean(
                 np.argmax(kernel_ridge(X, np.eye(3)[y], Xt, bw, seed), 1) == yt)))
             got = float(np.mean(np.asarray(model.predict(Xt)) == yt))
@@ -463,8 +479,8 @@ def _component_verdict(s: dict) -> dict:
             "gap": s["gap"], "sin2": s["sin2"], "passed": s["variance"] >= TOLERANCE["variance"]}
 
 
-_RESOLVED = ("steps_", "batch_size_", "lanes_", "form_", "solver_", "q_", "step_size_",
-             "n_features_", "n_centers_", "step_backoffs_")
+_RESOLVED = ("steps_", "batch_size_", "lanes_", "local_steps_", "form_", "solver_", "q_",
+             "step_size_", "n_features_", "n_centers_", "step_backoffs_")
 
 
 def _resolved(model: Any) -> dict:
@@ -521,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as Markdown here")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--lanes", type=int, metavar="W",
+                   help="run the regression and classification cells at lanes=W, their "
+                        "rows in W chunks: the steps of a W-worker cluster on this box")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an estimator parameter away from its default (repeatable), to find "
                         "the setting that passes a failed cell")
@@ -543,11 +562,12 @@ def main(argv: list[str] | None = None) -> int:
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         for name, regime in todo:
             try:
-                row = run_cell(name, regime, client, params=params)
+                row = run_cell(name, regime, client, params=params, width=args.lanes)
             except Exception as e:  # a cell that cannot run is a failed cell, not a stop
                 row = {"estimator": name, "regime": regime.name, "passed": False,
                        "error": f"{type(e).__name__}: {e}"}
-            row["setting"] = {**asdict(regime), **params}
+            row["setting"] = {**asdict(regime), **params,
+                              **({"lanes": args.lanes} if args.lanes else {})}
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
             print(f"{name} / {regime.name}: {row.get('score')} vs {row.get('reference')} "

@@ -192,6 +192,9 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
         quality = ("test R^2", model.score(*test))
     out = {"seconds": seconds, "seconds_each": times, "rows_per_s": n / seconds,
            "quality": quality, "tasks": tasks, "client_cpu_seconds": client_cpu}
+    if getattr(model, "history_", None):  # the last fit's epoch alone, for the cost model
+        out["epoch_seconds"] = float(model.history_[0]["seconds"])
+        out["epoch_steps"] = int(model.history_[0]["steps"])
     for attr in ("lanes_", "batch_size_", "local_steps_", "q_", "step_backoffs_",
                  "preconditioner_seconds_"):
         if hasattr(model, attr):
@@ -224,6 +227,21 @@ def preconditioner_seconds(client, store: str, n_features: int) -> dict:
     t2 = time.perf_counter()
     return {"rows": data.n_rows, "sample_seconds": t1 - t0, "eigensystem_seconds": t2 - t1,
             "seconds": t2 - t0, "q": pre.q}
+
+
+def epoch_model(r: dict, overhead: dict, store: str) -> dict:
+    """docs/scaling.md's model of one epoch, from this run's own inputs:
+    ``steps x t_fixed + n / ceiling``, t_fixed the null step's time on this
+    cluster and the ceiling the mean of those measured around the fit.  The
+    reads are left out: they are prefetched behind the steps (ibid.)."""
+    from dkernel.data import open_dataset
+
+    n = open_dataset(store).n_rows
+    predicted = (r["epoch_steps"] * overhead["seconds_per_step"]
+                 + n / r["ceiling_rows_per_s"])
+    return {"measured": r["epoch_seconds"], "predicted": predicted, "rows": n,
+            "steps": r["epoch_steps"], "t_fixed": overhead["seconds_per_step"],
+            "ratio": r["epoch_seconds"] / predicted}
 
 
 def run(n_workers: int, args, store: str, test: tuple) -> dict:
@@ -259,6 +277,13 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
                   f"client CPU {r['client_cpu_seconds']:.2f} s"
                   + "".join(f", {k} {r[k]}" for k in ("lanes_", "batch_size_", "local_steps_")
                             if k in r), flush=True)
+            if "epoch_seconds" in r and kind in ("dsg", "eigenpro"):
+                r["epoch_model"] = epoch_model(r, res["step_overhead"], store)
+                m = r["epoch_model"]
+                print(f"[{name}] {kind} epoch: {m['measured']:.2f} s, the model "
+                      f"{m['predicted']:.2f} s ({m['steps']} steps x "
+                      f"{1e3 * m['t_fixed']:.1f} ms + {m['rows']:,} rows at the ceiling): "
+                      f"measured / model {m['ratio']:.2f}", flush=True)
             ceiling = after
     return res
 

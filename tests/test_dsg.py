@@ -384,7 +384,8 @@ def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(
     assert copy.copy(DSGRegressor(client=client)).client is client
 
 
-def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path):
+def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path,
+                                                                    resume_mid_fit):
     """local_steps=k: each lane takes k preconditioned steps on its own rows
     between averages (solvers/dsg.py, local SGD); recorded, saved, resumable."""
     rng = np.random.default_rng(0)
@@ -407,11 +408,29 @@ def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_
     np.testing.assert_array_equal(one.coef_, sync.coef_)
     local.save(tmp_path / "m.npz")
     assert load_model(tmp_path / "m.npz").local_steps_ == 3
-    # a checkpointed, resumed fit ends where the uninterrupted one does
-    ckpt = str(tmp_path / "r.ckpt.npz")
-    DSGRegressor(local_steps=3, checkpoint=ckpt, checkpoint_every=2, **kw).fit(X, y)
-    resumed = DSGRegressor(local_steps=3, checkpoint=ckpt, resume=True, **kw).fit(X, y)
+    # a fit resumed from a checkpoint of its middle ends where the uninterrupted
+    # one does (the preconditioner is recomputed: equal to rounding)
+    full, resumed, step = resume_mid_fit(
+        lambda **c: DSGRegressor(local_steps=3, **kw, **c), X, y)
+    np.testing.assert_array_equal(full.coef_, local.coef_)
+    done = sum(h["steps"] for h in full.history_)
+    assert 0 < step < done and sum(h["steps"] for h in resumed.history_) == done - step
     np.testing.assert_allclose(resumed.coef_, local.coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_the_automatic_batch_grows_with_the_lanes_only_while_an_epoch_keeps_8_steps():
+    from dkernel.solvers.eigenpro_rf import default_batch
+
+    # one or two lanes: a lane's rows (65536 at D = 2048, 32768 at D = 4096), at most n
+    assert default_batch(1, 2048, 10**8) == 65536
+    assert default_batch(2, 4096, 200_000) == 65536
+    assert default_batch(2, 4096, 2000) == 2000
+    # many lanes on data small against them: two lanes' rows or an eighth of the rows
+    assert default_batch(64, 4096, 200_000) == 65536  # was 200,000: one step an epoch
+    assert default_batch(64, 2048, 2_000_000) == 250_000
+    # data of 8 x lanes x a lane's rows or more: the lanes' rows, as before
+    assert default_batch(64, 2048, 10**9) == 64 * 65536
+    assert default_batch(16, 2048, 8 * 16 * 65536) == 16 * 65536
 
 
 def test_local_steps_without_the_preconditioner_are_refused():

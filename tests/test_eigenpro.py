@@ -599,7 +599,8 @@ def test_rf_q_is_chosen_among_the_pairs_the_sample_resolves():
     assert choose_q_rf(values[:resolved_pairs(values, 1.0, 100)], 1.0, 10**5) == 2
 
 
-def test_random_feature_rounds_of_local_steps_learn_the_rule_and_are_saved(client, tmp_path):
+def test_random_feature_rounds_of_local_steps_learn_the_rule_and_are_saved(client, tmp_path,
+                                                                          resume_mid_fit):
     """local_steps=k on the random-feature form (solvers/local_steps.py): each lane
     takes k preconditioned steps on its rows between averages; one local step is
     the synchronous fit to the bit; the kernel form refuses the setting."""
@@ -623,5 +624,10 @@ def test_random_feature_rounds_of_local_steps_learn_the_rule_and_are_saved(clien
     loaded = load_model(tmp_path / "m.npz")
     assert loaded.local_steps_ == 3
     np.testing.assert_array_equal(loaded.predict(Xt), local.predict(Xt))
+    full, resumed, step = resume_mid_fit(
+        lambda **c: EigenProRegressor(local_steps=3, **kw, **c), X, y)
+    done = sum(h["steps"] for h in full.history_)
+    assert 0 < step < done and sum(h["steps"] for h in resumed.history_) == done - step
+    np.testing.assert_allclose(resumed.coef_, full.coef_, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="local_steps=3 applies to the random-feature form"):
         EigenProRegressor(local_steps=3).fit(X[:50], y[:50])

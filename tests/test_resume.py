@@ -183,7 +183,8 @@ def test_fit_failing_mid_way_leaves_no_model_file(client, tmp_path, capsys):
     assert _checkpoint_step(tmp_path / "model.npz.ckpt.npz") > 0
 
 
-def test_preconditioned_fit_resumes_to_the_uninterrupted_model_up_to_rounding(client, tmp_path):
+def test_preconditioned_fit_resumes_to_the_uninterrupted_model_up_to_rounding(client, tmp_path,
+                                                                             resume_mid_fit):
     # the preconditioner is recomputed on resume (it is not in the checkpoint);
     # its eigenvectors differed in the last bit while the workers received
     # arrays off their alignment (~1e-15 absolute).  Since the engine realigns
@@ -203,9 +204,9 @@ def test_preconditioned_fit_resumes_to_the_uninterrupted_model_up_to_rounding(cl
     # a checkpoint of the first 2 epochs is not one of this 3-epoch fit: refused by name
     with pytest.raises(ValueError, match="n_epochs"):
         DSGClassifier(checkpoint=str(ckpt), resume=True, **kw).fit(X, y)
-    full_ckpt = tmp_path / "q.ckpt.npz"
-    DSGClassifier(checkpoint=str(full_ckpt), checkpoint_every=7, **kw).fit(X, y)
-    resumed = DSGClassifier(checkpoint=str(full_ckpt), resume=True, **kw).fit(X, y)
+    full, resumed, step = resume_mid_fit(lambda **c: DSGClassifier(**kw, **c), X, y)
+    done = sum(h["steps"] for h in full.history_)
+    assert 0 < step < done and sum(h["steps"] for h in resumed.history_) == done - step
     assert reference.q_ > 0
     np.testing.assert_allclose(resumed.coef_, reference.coef_, rtol=1e-9, atol=1e-12)
 

@@ -90,8 +90,10 @@ BATCH_SIZE = Param("batch_size", AUTO, 'int or "auto"', auto_or(integer()), """\
     Rows per step, spread over ``lanes`` chunks.  "auto" with the
     preconditioner: ``lanes`` x rows whose D features are 2^27 feature
     evaluations (65536 rows at D = 2048, clipped to [1024, 65536]), wide
-    enough that a step's compute dwarfs its fixed cost; without it, 512.
-    Stored as ``batch_size_``.""", "sgd")
+    enough that a step's compute dwarfs its fixed cost, but past two lanes'
+    rows no more than an eighth of the data (an epoch keeps 8 steps on data
+    small against the cluster); without it, 512.  Stored as
+    ``batch_size_``.""", "sgd")
 N_EPOCHS = Param("n_epochs", 5, "int", integer(), "Passes over the data.", "sgd",
                  aliases=("--epochs",))
 STEP_SIZE = Param("step_size", AUTO, 'float or "auto"', auto_or(number()), """\

@@ -50,7 +50,13 @@ from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro import critical_batch, step_size, trusted_pairs
 from dkernel.solvers.feature_cache import mode_of
 from dkernel.solvers.fused import pool_gradient
-from dkernel.solvers.local_steps import local_round, round_constants, round_payload, round_update
+from dkernel.solvers.local_steps import (
+    MIN_ROUNDS,
+    local_round,
+    round_constants,
+    round_payload,
+    round_update,
+)
 from dkernel.solvers.targets import TargetEncoding
 
 
@@ -223,9 +229,18 @@ def default_batch(lanes: int, n_features: int, n_rows: int) -> int:
     features make ``_LANE_FEATURES`` feature evaluations (clipped to [1024,
     65536] rows a lane): about 0.3 s of one core's arithmetic at d = 32, so a
     step's compute dwarfs its fixed cost (docs/design.md §5).  The fused row-tile pass
-    (:mod:`dkernel.solvers.fused`) holds a few MB whatever the rows."""
+    (:mod:`dkernel.solvers.fused`) holds a few MB whatever the rows.
+
+    Data small against the cluster: past two lanes' rows the batch grows with
+    the lanes only while an epoch keeps MIN_ROUNDS steps.  Without that bound,
+    64 lanes made the batch of the quality matrix's 200k-row cells every row,
+    five steps a fit: DSGRegressor's R^2 fell from 0.728 (2 lanes) to 0.423
+    and DSGClassifier's accuracy from 0.743 to 0.716 (docs/quality.md, "At
+    many lanes").  One or two lanes, and data of MIN_ROUNDS x lanes x a lane's
+    rows or more, keep the batch they had."""
     per_lane = min(65536, max(1024, _LANE_FEATURES // int(n_features)))
-    return max(1, min(int(n_rows), int(lanes) * per_lane))
+    batch = min(int(lanes) * per_lane, max(2 * per_lane, math.ceil(int(n_rows) / MIN_ROUNDS)))
+    return max(1, min(int(n_rows), batch))
 
 
 #: One lane's features per step: 65536 rows at D = 2048 (32768 at D = 4096).

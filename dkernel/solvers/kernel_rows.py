@@ -275,7 +275,7 @@ def _rows_here(key: Any) -> Any:
     rows = cache.peek(key)
     if rows is None:
         raise FillLost(f"the kernel rows {key!r} are not on this worker: a worker was lost "
-                       "or replaced during the fill")
+                       "or replaced during the fill, or its cache dropped them")
     return rows
 
 
