@@ -195,6 +195,13 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     if getattr(model, "history_", None):  # the last fit's epoch alone, for the cost model
         out["epoch_seconds"] = float(model.history_[0]["seconds"])
         out["epoch_steps"] = int(model.history_[0]["steps"])
+        h = model.history_[0]
+        # where the epoch went (Engine.run_steps' time budget): the lanes' mean
+        # compute, the waits for each step's slowest lane, the client's updates
+        out["epoch_budget"] = {
+            "lane_compute": float(h.get("compute_seconds", 0.0)) / max(model.lanes_, 1),
+            "straggler": float(h.get("straggler_seconds", 0.0)),
+            "update": float(h.get("update_seconds", 0.0))}
     for attr in ("lanes_", "batch_size_", "local_steps_", "q_", "step_backoffs_",
                  "preconditioner_seconds_"):
         if hasattr(model, attr):
@@ -241,7 +248,8 @@ def epoch_model(r: dict, overhead: dict, store: str) -> dict:
                  + n / r["ceiling_rows_per_s"])
     return {"measured": r["epoch_seconds"], "predicted": predicted, "rows": n,
             "steps": r["epoch_steps"], "t_fixed": overhead["seconds_per_step"],
-            "ratio": r["epoch_seconds"] / predicted}
+            "ratio": r["epoch_seconds"] / predicted, "model_compute": n / r["ceiling_rows_per_s"],
+            **r.get("epoch_budget", {})}
 
 
 def run(n_workers: int, args, store: str, test: tuple) -> dict:
@@ -277,13 +285,18 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
                   f"client CPU {r['client_cpu_seconds']:.2f} s"
                   + "".join(f", {k} {r[k]}" for k in ("lanes_", "batch_size_", "local_steps_")
                             if k in r), flush=True)
-            if "epoch_seconds" in r and kind in ("dsg", "eigenpro"):
+            # (the null step ran at lanes="auto": its t_fixed is no other width's)
+            if ("epoch_seconds" in r and kind in ("dsg", "eigenpro")
+                    and r.get("lanes_") == res["step_overhead"]["lanes"]):
                 r["epoch_model"] = epoch_model(r, res["step_overhead"], store)
                 m = r["epoch_model"]
                 print(f"[{name}] {kind} epoch: {m['measured']:.2f} s, the model "
                       f"{m['predicted']:.2f} s ({m['steps']} steps x "
                       f"{1e3 * m['t_fixed']:.1f} ms + {m['rows']:,} rows at the ceiling): "
-                      f"measured / model {m['ratio']:.2f}", flush=True)
+                      f"measured / model {m['ratio']:.2f}; a lane computed "
+                      f"{m['lane_compute']:.2f} s against the model's "
+                      f"{m['model_compute']:.2f} s, waited {m['straggler']:.2f} s for the "
+                      f"slowest lane, the client updated for {m['update']:.2f} s", flush=True)
             ceiling = after
     return res
 

@@ -74,7 +74,7 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
             raise
         first = min(paused)
         raise WorkersPaused(
-            f"{label} stopped: no running worker could take its data ({len(paused)} of "
+            f"{_where(label)} stopped: no running worker could take its data ({len(paused)} of "
             f"{len(workers)} paused by Dask's memory guard; {first}: {_held(paused[first])}). "
             f"{_ADVICE}") from err
 
@@ -108,7 +108,7 @@ class PauseWatch:
         for a, w in paused.items():
             if a not in self.warned and now - self.paused_since[a] >= _WARN_SECONDS:
                 self.warned.add(a)
-                warnings.warn(f"{self.label}: worker {a} has been paused for "
+                warnings.warn(f"{_where(self.label)}: worker {a} has been paused for "
                               f"{now - self.paused_since[a]:.0f} s at {_held(w)}; its tasks wait "
                               f"until its memory falls. {_ADVICE}", RuntimeWarning, stacklevel=3)
         if not paused or len(paused) < len(workers):
@@ -117,8 +117,8 @@ class PauseWatch:
         if now - since >= _FAIL_SECONDS:
             first = min(paused)
             raise WorkersPaused(
-                f"{self.label} stopped: every worker has been paused by Dask's memory guard "
-                f"for {now - since:.0f} s and none of its {pending} waiting tasks ran "
+                f"{_where(self.label)} stopped: every worker has been paused by Dask's memory "
+                f"guard for {now - since:.0f} s and none of its {pending} waiting tasks ran "
                 f"({first}: {_held(paused[first])}). {_ADVICE}")
 
 
@@ -126,6 +126,12 @@ _ADVICE = ("Dask pauses a worker above 80% of its memory limit "
            "(distributed.worker.memory.pause): give the workers a larger memory limit "
            "(dask worker --memory-limit, local_cluster(memory_limit=...)) or store the data "
            "in smaller chunks.")
+
+
+def _where(label: str) -> str:
+    """What a user reads first: the fit, then where in it (labels are the
+    engine's pass names, such as "a step" or "dsg preconditioner")."""
+    return "the fit" if label == "the fit" else f"the fit ({label})"
 
 
 def _held(worker: dict) -> str:
