@@ -34,7 +34,7 @@ from distributed import LocalCluster, Security
 
 from dkernel import DSGClassifier, load_model
 from dkernel.datasets import make_store
-from dkernel.engine import connect
+from dkernel.engine import connect, workers_info
 
 SETTINGS = dict(bandwidth=2.0, n_features=512, n_epochs=3, random_state=0)
 
@@ -87,7 +87,7 @@ if __name__ == "__main__":
                         tls_client_key=args.tls_key, require_encryption=True)
     store = os.path.join(folder, "train.zarr")
     with connect(scheduler=args.scheduler, security=security) as client:
-        print("workers:", list(client.scheduler_info()["workers"]))
+        print("workers:", list(workers_info(client)))
         make_store(store, 4000, 8, chunk_rows=1000, kind="classification", client=client)
         model = DSGClassifier(client=client, **SETTINGS).fit(store)
     print(f"Python API: trained {model.coef_.shape} coefficients")

@@ -32,7 +32,7 @@ from distributed import Client
 from dkernel import DSGRegressor
 from dkernel.data import open_dataset
 from dkernel.datasets import make_store
-from dkernel.engine import connect, local_cluster
+from dkernel.engine import connect, local_cluster, workers_info
 
 D = 32  # input columns
 
@@ -67,7 +67,7 @@ if __name__ == "__main__":
                    client=client)
         print(f"wrote {rows:,} rows x {D} in {time.perf_counter() - t0:.1f} s")
         nbytes = open_dataset(store).X.nbytes
-        limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+        limits = [w["memory_limit"] for w in workers_info(client).values()]
 
         t0 = time.perf_counter()
         model = DSGRegressor(bandwidth=2.0, n_features=2048, n_epochs=1,

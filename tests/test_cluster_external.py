@@ -22,7 +22,7 @@ from dkernel.cli import main
 from dkernel.data import open_dataset
 from dkernel.datasets import make_store
 from dkernel.engine import local_cluster
-from dkernel.engine.cluster import WORKER_MALLOC
+from dkernel.engine.cluster import WORKER_MALLOC, workers_info
 from dkernel.io import load_model
 
 RECIPE = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh"
@@ -202,7 +202,7 @@ def test_recipe_reports_status_and_refuses_a_second_start(external):
     assert again.returncode != 0
     assert again.stderr.startswith("local-cluster.sh: error: a cluster is already running")
     with Client(external, set_as_default=False) as c:  # the refused start touched nothing
-        assert len(c.scheduler_info(n_workers=-1)["workers"]) == 2
+        assert len(workers_info(c)) == 2
 
 
 def test_recipe_rejects_bad_options_before_starting_anything(tmp_path):

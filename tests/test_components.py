@@ -335,7 +335,7 @@ def test_work_runs_on_both_workers(client):
     with get_task_stream(client) as ts:
         KernelPCA(2, bandwidth=1.5, n_features=512, n_epochs=1, client=client).fit(Xd)
     workers = {t["worker"] for t in ts.data if "-step-" in str(t["key"])}
-    assert len(client.scheduler_info()["workers"]) == 2
+    assert len(client.nthreads()) == 2
     assert len(workers) == 2, workers
 
 

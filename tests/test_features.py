@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dkernel.engine.cluster import workers_info
 from dkernel.features import FeatureMap, _weights
 from dkernel.kernels import kernel_matrix
 
@@ -19,7 +20,7 @@ def test_block_is_regenerated_bit_identically_on_every_worker(client):
     fm = FeatureMap("gaussian", 1.5, 7, 64, random_state=42)
     X = np.random.default_rng(0).standard_normal((50, 7)).astype(np.float32)
     here = fm.blocks(X, [0, 3, 11])
-    workers = list(client.scheduler_info(n_workers=-1)["workers"])
+    workers = list(workers_info(client))
     assert len(workers) == 2
     there = [client.submit(_blocks_on_worker, fm, X, [0, 3, 11], workers=[w], pure=False).result()
              for w in workers]

@@ -23,6 +23,7 @@ from dkernel.data.plan import ChunkPlan
 from dkernel.data.store import write_store
 from dkernel.datasets import make_store
 from dkernel.engine import cache
+from dkernel.engine.cluster import workers_info
 from dkernel.io import read_npz
 
 CHUNK = 250
@@ -148,7 +149,7 @@ def _kill_a_worker(cluster: LocalCluster, c: Client, rng: np.random.Generator,
     while True:
         alive = {n.worker_address: n.pid for n in cluster.workers.values()
                  if n.pid and n.worker_address and n.worker_address not in killed}
-        registered = set(c.scheduler_info(n_workers=-1)["workers"])
+        registered = set(workers_info(c))
         ready = sorted(a for a in alive if a in registered)
         if len(ready) == 2:
             break

@@ -13,6 +13,7 @@ from distributed import Client, LocalCluster
 
 from dkernel import DSGRegressor
 from dkernel.engine import WorkersPaused, stall
+from dkernel.engine.cluster import workers_info
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_fit_on_paused_workers_raises_with_the_fix(fast_watch, tmp_path):
     with cluster, client:
         deadline = time.monotonic() + 30
         while not any(w.get("status") == "paused"
-                      for w in client.scheduler_info(n_workers=-1)["workers"].values()):
+                      for w in workers_info(client).values()):
             assert time.monotonic() < deadline, "the worker never paused"
             time.sleep(0.1)
         # a store: the chunk reads are queued on the paused worker

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         common.status(args, message)
 
     with common.connect_cluster(args) as client:
-        say(f"[1/4] cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers at "
+        say(f"[1/4] cluster: {len(client.nthreads())} workers at "
             f"{client.scheduler.address}")
         t0 = time.perf_counter()
         make_store(train, args.rows, 10, chunk_rows=max(1, args.rows // 8), random_state=args.seed,

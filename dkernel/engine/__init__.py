@@ -1,6 +1,6 @@
 """The distributed engine: cluster connection, the coordinator loop, checkpoints, progress."""
 
-from dkernel.engine.cluster import connect, local_cluster
+from dkernel.engine.cluster import connect, local_cluster, workers_info
 from dkernel.engine.guard import DivergenceError, FitQualityWarning
 from dkernel.engine.loop import Engine, EngineOptions, tree_sum
 from dkernel.engine.program import StepProgram
@@ -8,4 +8,4 @@ from dkernel.engine.stall import WorkersPaused
 
 __all__ = ["connect", "local_cluster", "DivergenceError", "Engine", "EngineOptions",
            "FitQualityWarning",
-           "StepProgram", "WorkersPaused", "tree_sum"]
+           "StepProgram", "WorkersPaused", "tree_sum", "workers_info"]

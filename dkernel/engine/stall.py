@@ -24,6 +24,8 @@ from typing import Any
 
 from distributed import Client, Future, wait
 
+from dkernel.engine.cluster import workers_info
+
 #: seconds between checks of the workers' status while tasks are pending
 _CHECK_SECONDS = 5.0
 #: a worker paused this long is reported (once per wait)
@@ -81,7 +83,7 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
 
 def _workers(client: Client) -> dict[str, dict]:
     try:
-        return client.scheduler_info(n_workers=-1).get("workers", {})
+        return workers_info(client)
     except Exception:  # the scheduler busy or gone: the caller's wait decides
         return {}
 

@@ -335,6 +335,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     """
     from distributed import wait
 
+    from dkernel.engine.cluster import workers_info
     from dkernel.engine.progress import Progress
     from dkernel.engine.stall import PauseWatch
 
@@ -350,7 +351,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     place = [_pinned(h) for h in homes]
 
     def alive() -> set:
-        return set(client.scheduler_info(n_workers=-1).get("workers", {}))
+        return set(workers_info(client))
     ok = client.gather([client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner,
                                       pure=False, **place[c]) for c in range(n)])
 
