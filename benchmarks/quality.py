@@ -336,6 +336,10 @@ def _bandwidth(regime: Regime, X: np.ndarray) -> tuple[Any, float]:
     return ("auto", med) if regime.bw == 1.0 else (regime.bw * med, regime.bw * med)
 
 
+#: the cells ``--lanes`` applies to: the regressors and classifiers on ``_BASE``'s data
+_WIDE = ("DSGRegressor", "DSGClassifier", "EigenProRegressor", "EigenProClassifier")
+
+
 def _at_width(a: np.ndarray, width: int | None) -> Any:
     """``a`` in ``width`` row chunks, so that ``lanes=width`` resolves to that
     many lanes (a lane takes whole chunks): the step and its batch are those
@@ -359,6 +363,8 @@ def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
     given, bw = _bandwidth(regime, data["X"])
     row: dict[str, Any] = {"estimator": name, "regime": regime.name}
     t0 = time.perf_counter()
+    if name not in _WIDE:  # (their rows are not cut into chunks: lanes=W would not hold)
+        width = None
     if width is not None:
         params = {**(params or {}), "lanes": width}
     est_cls = functools.partial(getattr(dkernel, name), **(params or {}))
@@ -538,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="write the table as Markdown here")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lanes", type=int, metavar="W",
-                   help="run the regression and classification cells at lanes=W, their "
-                        "rows in W chunks: the steps of a W-worker cluster on this box")
+                   help="run the DSG and EigenPro regression and classification cells at "
+                        "lanes=W, their rows in W chunks: the steps of a W-worker cluster on "
+                        "this box (other cells run as without it)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an estimator parameter away from its default (repeatable), to find "
                         "the setting that passes a failed cell")
@@ -567,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"estimator": name, "regime": regime.name, "passed": False,
                        "error": f"{type(e).__name__}: {e}"}
             row["setting"] = {**asdict(regime), **params,
-                              **({"lanes": args.lanes} if args.lanes else {})}
+                              **({"lanes": args.lanes} if args.lanes and name in _WIDE
+                                 else {})}
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
             print(f"{name} / {regime.name}: {row.get('score')} vs {row.get('reference')} "

@@ -192,7 +192,7 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
         quality = ("test R^2", model.score(*test))
     out = {"seconds": seconds, "seconds_each": times, "rows_per_s": n / seconds,
            "quality": quality, "tasks": tasks, "client_cpu_seconds": client_cpu}
-    if getattr(model, "history_", None):  # the last fit's epoch alone, for the cost model
+    if kind in ("dsg", "eigenpro") and model.history_:  # the last fit's epoch, for the model
         out["epoch_seconds"] = float(model.history_[0]["seconds"])
         out["epoch_steps"] = int(model.history_[0]["steps"])
         h = model.history_[0]
