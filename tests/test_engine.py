@@ -169,6 +169,63 @@ def test_aligned_copies_only_misaligned_arrays():
     assert align_arrays(d) is d and d["b"] is ok and d["a"].ctypes.data % 16 == 0
 
 
+@pytest.mark.parametrize("mode, compacts", [("always", True), ("madvise", True),
+                                            ("defer+madvise", True), ("defer", False),
+                                            ("never", False)])
+def test_the_thp_defrag_modes_that_compact_in_the_page_fault(tmp_path, mode, compacts):
+    from dkernel.backend import _compacts_in_fault
+
+    modes = ["always", "defer", "defer+madvise", "madvise", "never"]
+    f = tmp_path / "defrag"
+    f.write_text(" ".join(f"[{m}]" if m == mode else m for m in modes) + "\n")
+    assert _compacts_in_fault(str(f)) is compacts
+    assert _compacts_in_fault(str(tmp_path / "absent")) is False
+
+
+def test_cache_blocks_are_allocated_without_huge_page_advice_where_it_compacts(monkeypatch):
+    import threading
+
+    from dkernel import backend
+    from dkernel.engine import cache
+
+    if backend._HUGEPAGE_SETTER is None:
+        pytest.skip("this NumPy has no huge-page switch")
+
+    def advice():  # the switch returns its previous value
+        before = backend._HUGEPAGE_SETTER(True)
+        backend._HUGEPAGE_SETTER(before)
+        return before
+
+    monkeypatch.setattr(backend, "_COMPACTS", True)
+    seen = []
+    cache.clear()
+    try:
+        cache.lookup_or_fill(("advice", 0), lambda: seen.append(advice()) or np.ones(4), 32)
+        assert seen == [False] and advice() is True
+        # two threads inside at once: the advice stays off until the last one leaves
+        inside, leave = threading.Barrier(2), threading.Event()
+
+        def hold():
+            with backend.plain_pages():
+                inside.wait()
+                leave.wait()
+
+        t = threading.Thread(target=hold)
+        t.start()
+        with backend.plain_pages():
+            inside.wait()
+        assert advice() is False
+        leave.set()
+        t.join()
+        assert advice() is True
+        # where the kernel does not compact in the fault, nothing changes
+        monkeypatch.setattr(backend, "_COMPACTS", False)
+        with backend.plain_pages():
+            assert advice() is True
+    finally:
+        cache.clear()
+
+
 def _prepare_rows(payload, X, y):
     return X[:, 0].astype(np.float64)
 

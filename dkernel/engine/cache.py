@@ -32,6 +32,8 @@ from typing import Any
 
 import dask
 
+from dkernel.backend import plain_pages
+
 _DEFAULT_FRACTION = 0.4
 _lock = threading.Lock()
 _entries: OrderedDict[Hashable, Any] = OrderedDict()
@@ -136,7 +138,8 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
         if nbytes > _room(limit, owner, now, live):
             _stats["declined"] += 1
             return None
-    value = compute()
+    with plain_pages():  # a block lives for the fit: its first touch is what costs
+        value = compute()
     # threads filling at once may each have counted the same room: the budget
     # can be overrun by a block per worker thread, never more
     with _lock:
