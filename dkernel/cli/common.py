@@ -42,16 +42,6 @@ def add_command(
     )
 
 
-def bandwidth_arg(text: str) -> float | str:
-    """A number, or 'auto' (for --bandwidth and --step-size)."""
-    if text == "auto":
-        return "auto"
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
-
-
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine._probe import package_versions
-from dkernel.files import file_exists, read_npz, remove_file, write_npz_atomic
+from dkernel.files import file_exists, read_npz, write_npz_atomic
 
 #: What a checkpoint or model file records as the software that wrote it
 #: (``dkernel info`` shows it).
@@ -66,7 +66,3 @@ class Checkpointer:
                 f"{', '.join(diff)}); resume with the same data and settings, or delete the "
                 "checkpoint to start over")
         return {**arrays, **meta["scalars"]}, int(meta["step"])
-
-    def remove(self) -> None:
-        if self.path is not None:
-            remove_file(self.path)

@@ -339,13 +339,3 @@ def predict_kernel(X: Any, centers: np.ndarray, coef: np.ndarray, kernel: str, b
         kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T[: j - i])
         xp.matmul(T[: j - i], a, out=f[i:j])
     return f
-
-
-def math_summary(pre: KernelPreconditioner, beta: float, batch: int) -> dict[str, float]:
-    """The numbers a user wants to see about the chosen settings."""
-    lam_new = pre.new_top
-    return {"q": pre.q, "lambda_1": float(pre.values[0]), "lambda_tail": pre.tail,
-            "lambda_new": lam_new, "critical_batch": critical_batch(beta, lam_new),
-            "batch_size": batch, "eta": step_size(batch, beta, lam_new),
-            "acceleration": (float(pre.values[0]) / lam_new if math.isfinite(lam_new)
-                             else float("nan"))}
