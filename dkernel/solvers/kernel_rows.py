@@ -39,11 +39,17 @@ FIXED16_SCALE = 65535.0
 TILE_ROWS = 128
 #: Bytes of one decoded float32 tile when stored rows are read back: the tile
 #: should stay in cache between the decode and the product that reads it
-#: (1 MB L2 per core, 32 MB L3 here).  2047 fixed16 rows against 60000 centers,
-#: one thread: 0.10 s in 24-row (5.8 MB) tiles, 0.11-0.12 s in 16-row tiles,
-#: 0.16-0.18 s in 128-row (30 MB) tiles that went through memory, 0.11-0.19 s
-#: in 8-row tiles (a product that short runs slower).
-READ_TILE_BYTES = 6 << 20
+#: (1 MB L2 per core, 32 MB L3 here), and tall enough that the product with
+#: the coefficients (p x c, 2.4 MB on Fashion-MNIST) reads them from cache few
+#: times.  2046 random fixed16 rows of 15000 against 60000 centers, one
+#: thread, the median step of two processes at once (rows_products, subsample
+#: columns apart): 0.143-0.155 s in 16-row tiles, 0.127-0.135 s in 26 (6 MB),
+#: 0.112-0.124 s in 48, 0.117-0.123 s in 64, 0.123-0.125 s in 96 and
+#: 0.126-0.155 s in 128-row tiles (30 MB, through memory).  At 52 rows
+#: (12 MB) instead of 26, EigenProClassifier(bandwidth=5)'s later epochs on
+#: Fashion-MNIST took 3.16 / 2.87 s against 3.67 / 3.15 s (medians of epochs
+#: 2-6, two runs each, alternating), the lanes' compute 8-9% less.
+READ_TILE_BYTES = 12 << 20
 
 
 def read_tile_rows(p: int) -> int:
