@@ -72,13 +72,14 @@ def to_numpy(a: Any) -> np.ndarray:
 #: NumPy asks the kernel for transparent huge pages on every allocation of 4 MB
 #: or more.  Where the kernel then compacts memory in the page fault (THP
 #: "defrag" of always, madvise or defer+madvise: Ubuntu's default), a first
-#: touch on a box whose memory has been through a page cache costs 0.5-2 s per
-#: GB, against 0.36 s per GB for plain pages (3 GB on a 2-core VM, six runs).
-#: Fashion-MNIST, 2 workers: the fixed16 kernel-row fill took 23.6-23.8 s
-#: without the advice and 28.0-33.2 s with it; DSGClassifier(n_features=8192)'s
-#: first epoch, which fills the feature cache, 5.1-5.3 s against 7.3-7.6 s.
-#: Reading the blocks back is 5-8% slower on plain pages, so a fit must run
-#: about 50 epochs before the advice pays for itself.
+#: touch costs 0.17-2 s per GB (cheap only while free huge pages are at hand),
+#: against 0.35-0.39 s per GB for plain pages (3 GB on a 2-core VM, three runs
+#: each, alternating).  Fashion-MNIST, 2 workers: the fixed16 kernel-row fill
+#: took 23.6-23.8 s without the advice and 28.0-33.2 s with it;
+#: DSGClassifier(n_features=8192)'s first epoch, which fills the feature
+#: cache, 5.1-5.4 s against 7.1-7.7 s.  Reading the blocks back is 5-8% slower
+#: on plain pages; by that, a fit would need about 50 epochs before the advice
+#: paid for itself.
 _HUGEPAGE_SETTER = getattr(getattr(getattr(np, "_core", None) or getattr(np, "core", None),
                                    "multiarray", None), "_set_madvise_hugepage", None)
 _advice_lock = threading.Lock()
