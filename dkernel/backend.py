@@ -77,9 +77,10 @@ def to_numpy(a: Any) -> np.ndarray:
 #: each, alternating).  Fashion-MNIST, 2 workers: the fixed16 kernel-row fill
 #: took 23.6-23.8 s without the advice and 28.0-33.2 s with it;
 #: DSGClassifier(n_features=8192)'s first epoch, which fills the feature
-#: cache, 5.1-5.4 s against 7.1-7.7 s.  Reading the blocks back is 5-8% slower
-#: on plain pages; by that, a fit would need about 50 epochs before the advice
-#: paid for itself.
+#: cache, 5.1-5.4 s against 7.1-7.7 s.  Reading blocks back was 8-12% slower
+#: on plain pages in a one-thread pass (decode and product over 1.9 GB); the
+#: fits' later epochs showed no difference beyond noise.  By the one-thread
+#: figure, a fit would need roughly 30 epochs before the advice paid for itself.
 _HUGEPAGE_SETTER = getattr(getattr(getattr(np, "_core", None) or getattr(np, "core", None),
                                    "multiarray", None), "_set_madvise_hugepage", None)
 _advice_lock = threading.Lock()
