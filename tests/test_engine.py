@@ -208,16 +208,16 @@ def test_cache_blocks_are_allocated_without_huge_page_advice_where_it_compacts(m
 
         def hold():
             with backend.plain_pages():
-                inside.wait()
-                leave.wait()
+                inside.wait(timeout=60)
+                leave.wait(timeout=60)
 
         t = threading.Thread(target=hold)
         t.start()
         with backend.plain_pages():
-            inside.wait()
+            inside.wait(timeout=60)  # (bounded: a broken thread fails the test, not hangs it)
         assert advice() is False
         leave.set()
-        t.join()
+        t.join(timeout=60)
         assert advice() is before
         # where the kernel does not compact in the fault, nothing changes
         monkeypatch.setattr(backend, "_COMPACTS", False)
