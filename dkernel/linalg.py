@@ -19,6 +19,12 @@ Two methods:
 ``dense``       A is summed on the workers (``gram``: T_c^T T_c; ``rows``: the
                 row blocks, placed by index) and its top pairs are taken with
                 :func:`scipy.linalg.eigh` -- exact; N up to a few thousand.
+                A ``gram`` of fewer rows than columns (n < N: a small sample,
+                a wide pool) gathers T itself and solves the n x n T T^T / n,
+                whose nonzero eigenvalues are A's, with A's eigenvectors
+                v = T^T w / sqrt(n lambda): the same pairs from an order-n
+                eigh (KernelCCA's two 4096-wide preconditioners on 2000 rows:
+                ~3 s each, against the 4096-order solve).
 ``randomized``  Halko, Martinsson & Tropp (2011) Alg. 4.4 + 5.3 for a
                 symmetric operator: Y = A Omega (Omega N x (k + p) Gaussian),
                 ``n_iter`` power steps Q <- orth(A Q), then Rayleigh-Ritz
@@ -99,6 +105,11 @@ def _gram_partial(payload: dict, X: Any, y: Any) -> dict:
             "count": X.shape[0]}
 
 
+def _tall_partial(payload: dict, X: Any, y: Any) -> dict:
+    T = to_numpy(payload["block"](payload["params"], X))
+    return {"rows": [T.astype(np.dtype(payload["dtype"]), copy=False)], "count": X.shape[0]}
+
+
 def _norm_partial(payload: dict, X: Any, y: Any) -> dict:
     T = payload["block"](payload["params"], X)
     return {"norm": [_row_norm_max(T, payload.get("mu"))], "count": X.shape[0]}
@@ -160,15 +171,21 @@ def _rows_apply(payload: dict, X: Any, y: Any) -> dict:
 # --- coordinator side ----------------------------------------------------------
 def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, *,
                       operator: str = "gram", center: bool = False,
-                      label: str = "eigensystem", dtype: str = "float64") -> Eigensystem:
+                      label: str = "eigensystem", dtype: str = "float64",
+                      n_inputs: int | None = None) -> Eigensystem:
     """Top ``k`` eigenpairs of A (see module docstring), A summed on the workers.
 
     ``dtype="float32"`` forms and sums the chunks' T^T T in float32 (about 2x
     the GEMM speed, half the memory and traffic) and solves in float32; for
     ``operator="rows"`` (rows computed in float32 anyway) it sets the solve's
-    precision only."""
+    precision only.  ``n_inputs`` (N) greater than the rows selects the
+    order-n solve of a ``gram`` (module docstring)."""
     _check_operator(operator, center)
     n = data.n_rows
+    if operator == "gram" and n_inputs is not None and k <= n < n_inputs:
+        parts = engine.map_reduce(data, _tall_partial, {"block": block, "params": params,
+                                                        "dtype": dtype}, label=label)
+        return _wide_gram_eigensystem(np.concatenate(parts["rows"]), k, center, dtype)
     if operator == "gram":
         total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params,
                                                         "dtype": dtype}, label=label)
@@ -191,6 +208,22 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
         A = 0.5 * (A + A.T)  # exact symmetry for eigh (rows were computed in float32)
     w, V = top_eigh(A, k, dtype)
     return Eigensystem(w, V, "dense")
+
+
+def _wide_gram_eigensystem(T: np.ndarray, k: int, center: bool, dtype: str) -> Eigensystem:
+    """Top ``k`` pairs of A = T^T T / n (about the column mean with ``center``)
+    for n < N, from the order-n matrix T T^T / n: A's nonzero eigenvalues are
+    its eigenvalues, and A v = lambda v for v = T^T w / |T^T w|.  The columns
+    past the rank (a centred T has rank n - 1 at most) are rounding noise,
+    scaled to unit length as the full solve's arbitrary null vectors are."""
+    n = T.shape[0]
+    if center:
+        T = T - T.mean(axis=0, dtype=np.float64).astype(T.dtype)
+    norm = float((T * T).sum(axis=1).max())
+    w, W = top_eigh(T @ T.T / n, min(k, n), dtype)
+    V = T.T.astype(np.float64) @ W
+    V /= np.maximum(np.linalg.norm(V, axis=0), np.finfo(np.float64).tiny)
+    return Eigensystem(np.maximum(w, 0.0), V, "dense", norm)
 
 
 def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int,
@@ -254,7 +287,7 @@ def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_i
         raise ValueError(f"method={method!r}; choose 'auto', 'dense' or 'randomized'")
     if method == "dense" or (method == "auto" and n_inputs <= dense_max):
         return dense_eigensystem(engine, data, block, params, k, operator=operator, center=center,
-                                 label=label, dtype=dtype)
+                                 label=label, dtype=dtype, n_inputs=n_inputs)
     return randomized_eigensystem(engine, data, block, params, k, n_inputs, operator=operator,
                                   center=center,
                                   n_oversamples=n_oversamples, n_iter=n_iter,

@@ -133,9 +133,9 @@ def page_namespace(client, tmp_path, monkeypatch):
             "X_numerator": X[y == 0], "X_denominator": X}
 
 
-# README's blocks fit at the sizes a real run uses (n_features 4096-8192): each
-# default-width fit spends most of its time in a dense 4096 x 4096 eigh on the
-# client, so that page alone is minutes under load, hence slow
+# README's blocks fit at the sizes a real run uses (n_features 4096-8192), about
+# 25 s on 2 idle cores (54 s while the 2000 rows' eigensolves took order 4096),
+# so that page alone is a minute or more under load, hence slow
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p.name == "README.md"
                                   else p for p in PAGES],
                          ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -334,6 +334,12 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
             # the fit's engine reads them as their owner
             payload = {"features": self.features_, "n_blocks": self._n_blocks(),
                        "cache": self.feature_cache_}
+            if data.n_rows < self.coef_.shape[0]:  # fewer rows than features: Phi itself
+                total = engine.map_reduce(data, gp.rows_partial, payload, label="gp-variance",
+                                          wants_chunk=True)
+                self.gp_factor_ = gp.posterior_factor_from_rows(np.concatenate(total["rows"]),
+                                                                float(self.alpha))
+                return
             total = engine.map_reduce(data, gp.covariance_partial, payload, label="gp-variance",
                                       wants_chunk=True)
             self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),
