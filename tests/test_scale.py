@@ -152,6 +152,32 @@ def _fold_sum(state, prepared, payload):
     return state + prepared
 
 
+def test_the_last_epochs_end_state_is_judged_and_replayed_when_it_blew_up(client):
+    # One epoch with a 500-row subsample: its step is too large by the epoch's end.
+    # The steps' losses (each of the state before its update) stayed near the
+    # start's, so before the probe step the end state went unmeasured: held-out
+    # R^2 -6.43 and no warning.  Measured with the probe: one replay at half the
+    # step, R^2 0.997.
+    from dkernel import EigenProRegressor
+
+    rng = np.random.default_rng(21)
+    W = rng.standard_normal((4, 100)) / 2 * np.sqrt(7.84)
+
+    def sample(n):
+        Z = rng.uniform(-1, 1, (n, 4))
+        return (Z @ W).astype(np.float32), (np.sin(2 * Z[:, 0]) + Z[:, 1] ** 2).astype(np.float32)
+
+    X, y = sample(6000)
+    Xt, yt = sample(2000)
+    m = EigenProRegressor(bandwidth=8.0, n_epochs=1, subsample_size=500, random_state=0,
+                          client=client).fit(X, y)
+    (replay,) = m.step_backoffs_
+    assert replay["reason"] == "the epoch ended above the starting loss"
+    assert replay["epoch"] == 1 and replay["step_scale"] == 0.5
+    assert replay["loss"] > 2 * replay["reference"]  # measured 3.54 against 0.68
+    assert m.score(Xt, yt) > 0.95
+
+
 def test_kernel_eigenpro_backs_off_a_step_that_blows_up(client):
     # the kernel-form program returns a fresh state dict each step; the engine
     # carries the guard's reference and step scale across it

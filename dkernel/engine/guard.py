@@ -21,9 +21,12 @@ its starting state with the step scale halved, at most ``_MAX_REPLAYS``
 times in a fit.  An epoch that still ends above keeps the lowest-loss state
 seen in it (its starting state or one of its attempts) and the fit goes on,
 warning at the end as before: a target that cannot be learned hovers at its
-starting loss, and that is no error.  An epoch of a single step has nothing
-to judge it by (its end state is measured only by the next epoch's first
-step) and is accepted.
+starting loss, and that is no error.  An epoch's end state is measured only
+by the next epoch's first step, so the fit's last epoch is also judged by a
+probe: the loss of its end state on the first batch of the epoch after, with
+no update (``Engine._probe_loss``).  Without it a one-epoch EigenPro fit
+whose step grew too large by the epoch's end returned a model with held-out
+R^2 -6.4 and no warning (tests/test_scale.py).
 
 Everything the guard keeps lives in the state or in the checkpoint
 (:meth:`DivergenceGuard.checkpoint_state`), so a resumed fit continues with
@@ -175,17 +178,24 @@ class DivergenceGuard:
                       "recent": list(self.recent), "first": None, "loss": 0.0, "rows": 0,
                       "best": None}
 
-    def end_epoch(self, state: dict[str, Any], step: int) -> tuple[dict[str, Any], bool]:
+    def end_epoch(self, state: dict[str, Any], step: int,
+                  probe: tuple[float, int] | None = None) -> tuple[dict[str, Any], bool]:
         """Judge the epoch that just ended at ``step``.  Returns the state to go on
         from and whether to replay the epoch from it (then the state is the
-        epoch's starting one with its step scale halved)."""
+        epoch's starting one with its step scale halved).  ``probe``: (loss,
+        rows) of the end state itself, measured after the fit's last epoch,
+        which is judged by the worse of it and its steps' mean."""
         ep, self.epoch = self.epoch, None
         ref = state.get("guard_reference")
-        if (ep is None or not ep["rows"] or not ref
-                or not getattr(self.program, "supports_backoff", False)):
+        if (ep is None or not ref or not getattr(self.program, "supports_backoff", False)
+                or not (ep["rows"] or probe)):
             return state, False
-        end = ep["loss"] / ep["rows"]
-        margin = end_margin(int(state.get("guard_reference_rows", ep["rows"])), ep["rows"])
+        judged = [(ep["loss"] / ep["rows"], ep["rows"])] if ep["rows"] else []
+        if probe is not None:
+            judged.append(probe)
+            self.recent = (self.recent + [probe[0]])[-_RECENT:]
+        end, rows = max(judged)
+        margin = end_margin(int(state.get("guard_reference_rows", rows)), rows)
         if end <= ref * (1.0 + margin):
             return state, False
         if ep["best"] is None or end < ep["best"]["loss"]:

@@ -266,7 +266,11 @@ class Engine:
                         progress.update(1, epoch=epoch + 1, **{"rows/s": rate},
                                         **program.metrics(total))
                     del current
-                state, replay = guard.end_epoch(state, step)
+                probe = None
+                if epoch == n_epochs - 1 and getattr(program, "supports_backoff", False):
+                    probe = self._probe_loss(program, state, plan, source, data, n_epochs, step,
+                                             extra, run)
+                state, replay = guard.end_epoch(state, step, probe)
                 if not replay:
                     break
                 start = step = first
@@ -293,6 +297,30 @@ class Engine:
         progress.close()
         guard.finish(state)
         return state
+
+    def _probe_loss(self, program: StepProgram, state: dict[str, Any], plan: ChunkPlan,
+                    source: Any, data: Dataset, epoch: int, step: int, extra: tuple,
+                    run: str) -> tuple[float, int] | None:
+        """(mean loss, rows) of the final state on the first batch of the epoch
+        after the last, with no update: the guard judges the fit's end state by
+        it (guard.py), which no later step would measure.  None where the
+        program reports no loss or a worker was lost (no judgement then)."""
+        group = plan.groups(epoch)[0]
+        try:
+            chunks = source.get(group)
+            payload = _ship(self.client, program.payload(state, step))
+            futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
+                                       chunks[c], plan.row_slice(epoch, c, 0),
+                                       source.key(data.X.name, c) if program.wants_chunk
+                                       else None, *extra, run=run, **source.placement(c),
+                                       key=f"{_key_label(program.label)}-probe-{run[:8]}-{c}")
+                    for c in group]
+            total = tree_sum(self.client, futs)
+        except CancelledError:
+            return None
+        if "loss" not in total or not total.get("count"):
+            return None
+        return float(np.sum(total["loss"])) / float(total["count"]), int(total["count"])
 
     def map_reduce(self, data: Dataset, fn: Callable, payload: Any = None, *,
                    label: str = "pass", window: int | None = None,
