@@ -185,7 +185,7 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
     if operator == "gram" and n_inputs is not None and k <= n < n_inputs:
         parts = engine.map_reduce(data, _tall_partial, {"block": block, "params": params,
                                                         "dtype": dtype}, label=label)
-        return _wide_gram_eigensystem(np.concatenate(parts["rows"]), k, center, dtype)
+        return wide_gram_eigensystem(np.concatenate(parts["rows"]), k, center, dtype)
     if operator == "gram":
         total = engine.map_reduce(data, _gram_partial, {"block": block, "params": params,
                                                         "dtype": dtype}, label=label)
@@ -210,7 +210,7 @@ def dense_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: in
     return Eigensystem(w, V, "dense")
 
 
-def _wide_gram_eigensystem(T: np.ndarray, k: int, center: bool, dtype: str) -> Eigensystem:
+def wide_gram_eigensystem(T: np.ndarray, k: int, center: bool, dtype: str) -> Eigensystem:
     """Top ``k`` pairs of A = T^T T / n (about the column mean with ``center``)
     for n < N, from the order-n matrix T T^T / n: A's nonzero eigenvalues are
     its eigenvalues, and A v = lambda v for v = T^T w / |T^T w|.  The columns

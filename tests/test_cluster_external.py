@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,21 @@ def test_python_api_fit_and_lazy_predict_on_external_cluster(external, store):
     # the lazy prediction on the external cluster is the eager one, row for row
     assert acc == _accuracy(model, store) and acc > 0.6
     assert model.coef_.shape == (256, 3)
+
+
+def test_a_client_that_is_not_the_default_runs_the_whole_fit(external, store):
+    # a process whose only client was made with set_as_default=False: the fit's
+    # thread that passes over y beside the sample read waited through
+    # distributed.wait, which asks for the default client ("No clients found")
+    script = (f"from distributed import Client\n"
+              f"from dkernel import DSGClassifier\n"
+              f"with Client({str(external)!r}, set_as_default=False) as c:\n"
+              f"    m = DSGClassifier(**{FIT!r}, client=c).fit({str(store)!r})\n"
+              f"    print(m.score({str(store)!r}))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.split()[-1]) > 0.6
 
 
 def test_same_seed_data_and_chunking_give_identical_model_on_any_cluster(external, store, client):

@@ -306,6 +306,9 @@ class Engine:
         it (guard.py), which no later step would measure.  None where the
         program reports no loss or a worker was lost (no judgement then)."""
         group = plan.groups(epoch)[0]
+        # a fresh key each call: a replayed last epoch probes again, and must
+        # not find the first probe's futures whatever the scheduler still holds
+        probe_id = uuid.uuid4().hex[:8]
         try:
             chunks = source.get(group)
             payload = _ship(self.client, program.payload(state, step))
@@ -313,7 +316,7 @@ class Engine:
                                        chunks[c], plan.row_slice(epoch, c, 0),
                                        source.key(data.X.name, c) if program.wants_chunk
                                        else None, *extra, run=run, **source.placement(c),
-                                       key=f"{_key_label(program.label)}-probe-{run[:8]}-{c}")
+                                       key=f"{_key_label(program.label)}-probe-{probe_id}-{c}")
                     for c in group]
             total = tree_sum(self.client, futs)
         except CancelledError:

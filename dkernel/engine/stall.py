@@ -39,6 +39,15 @@ class WorkersPaused(RuntimeError):
     waiting on them."""
 
 
+def wait_on(client: Client, futures: Iterable[Any], **kwargs: Any) -> Any:
+    """``distributed.wait`` on ``client``: it runs on the *default* client,
+    which the fit's client need not be, and a thread of the fit (the sample
+    read beside a pass over y) sees no ``as_current`` of the caller: "No
+    clients found" for a client made with ``set_as_default=False``."""
+    with client.as_current():
+        return wait(futures, **kwargs)
+
+
 def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit") -> None:
     """Wait until every future in ``futures`` is done (finished, erred or
     cancelled: the caller's gather/result raises the error), checking that the
@@ -49,7 +58,7 @@ def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit")
     watch = PauseWatch(client, label)
     while True:
         try:
-            wait(pending, timeout=_CHECK_SECONDS)
+            wait_on(client, pending, timeout=_CHECK_SECONDS)
             return
         except TimeoutError:
             pass

@@ -339,11 +339,9 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     cannot hold its chunks' rows; on any error the half-written rows are
     dropped before it is raised.
     """
-    from distributed import wait
-
     from dkernel.engine.cluster import workers_info
     from dkernel.engine.progress import Progress
-    from dkernel.engine.stall import PauseWatch
+    from dkernel.engine.stall import PauseWatch, wait_on
 
     n = len(row_chunks)
     p = int(sum(row_chunks))
@@ -362,10 +360,10 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                                       pure=False, **place[c]) for c in range(n)])
 
     def drop() -> None:
-        wait([client.submit(_discard, [k for c in range(n) if homes[c] == h
-                                       for k in (keys[c], final[c])], pure=False,
-                            **_pinned(h))
-              for h in {h for h in homes if h} & alive()], timeout=120)
+        wait_on(client, [client.submit(_discard, [k for c in range(n) if homes[c] == h
+                                                  for k in (keys[c], final[c])],
+                                       pure=False, **_pinned(h))
+                         for h in {h for h in homes if h} & alive()], timeout=120)
 
     if not all(ok):
         drop()
@@ -398,7 +396,8 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         watch = PauseWatch(client, "the kernel-row fill")
         while pending:
             try:
-                done, pending = wait(pending, timeout=5, return_when="FIRST_COMPLETED")
+                done, pending = wait_on(client, pending, timeout=5,
+                                        return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished in 5 s: are the homes still there?
                 done = set()
                 watch.check(len(pending))
