@@ -44,6 +44,20 @@ def test_one_class_auc_within_0_02_of_sklearn_one_class_svm(client):
     assert set(np.unique(model.predict(Xt))) == {-1, 1}
 
 
+def test_an_offset_left_behind_by_few_steps_is_set_from_the_sample_and_recorded(client,
+                                                                                 tmp_path):
+    # 2000 rows at the defaults make 20 steps; the offset rises by gamma * nu a
+    # step, and at nu = 0.05 ended where 0 of the training rows were below it
+    X = np.random.default_rng(0).standard_normal((2000, 5))
+    model = DSGOneClassSVM(nu=0.05, client=client).fit(X)
+    assert model.offset_calibrated_
+    frac_out = float((model.predict(X) == -1).mean())
+    assert 0.03 <= frac_out <= 0.07, frac_out  # measured 0.044
+    model.save(str(tmp_path / "oc.npz"))
+    back = load_model(tmp_path / "oc.npz")
+    assert back.offset_calibrated_ and back.offset_ == model.offset_
+
+
 def test_one_class_model_file_round_trip(client, tmp_path):
     X = _two_blobs(500, 5)
     model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=1, batch_size=100,
@@ -51,6 +65,7 @@ def test_one_class_model_file_round_trip(client, tmp_path):
     model.save(str(tmp_path / "oc.npz"))
     back = load_model(tmp_path / "oc.npz")
     assert isinstance(back, DSGOneClassSVM) and back.offset_ == model.offset_ and back.nu == 0.2
+    assert back.offset_calibrated_ == model.offset_calibrated_
     np.testing.assert_array_equal(back.decision_function(X), model.decision_function(X))
 
 
@@ -224,7 +239,7 @@ def test_one_class_rounds_of_local_steps_are_the_algorithm_written_out(client):
     assert (model.lanes_, model.batch_size_, model.local_steps_) == (2, 64, 3)
     wa, ta = _reference_rounds(model, X, chunks, 2)
     np.testing.assert_allclose(model.coef_, wa, rtol=2e-4, atol=1e-5 * np.abs(wa).max())
-    assert model.offset_ == pytest.approx(ta, rel=2e-4)
+    assert model.sgd_offset_ == pytest.approx(ta, rel=2e-4)
 
 
 def test_default_rounds_of_local_steps_keep_the_synchronous_model_quality(client):

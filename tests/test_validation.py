@@ -9,7 +9,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dkernel import DSGClassifier, DSGRegressor, open_dataset
+from dkernel import DSGClassifier, DSGRegressor, EigenProClassifier, open_dataset
 from dkernel.cli import main
 from dkernel.data import write_store
 from dkernel.datasets import make_blobs_classification
@@ -26,6 +26,18 @@ def test_nan_or_inf_in_numpy_X_is_rejected_at_once(Xy, value):
     X[17, 1] = value
     with pytest.raises(ValueError, match="first bad row: 17"):
         DSGClassifier().fit(X, y)
+
+
+@pytest.mark.parametrize("settings", [{}, {"n_features": 256}], ids=["kernel", "features"])
+def test_a_nan_row_of_lazy_input_stops_eigenpro_predictions_naming_the_row(Xy, settings):
+    # EigenPro built its own lazy graph without the check: NaN scores, and the
+    # classifier's argmax predicted class 0 for such a row without a word
+    X, y = Xy
+    model = EigenProClassifier(n_epochs=1, **settings).fit(X, y)
+    bad = X.copy()
+    bad[257, 2] = np.nan
+    with pytest.raises(ValueError, match="first bad row: 257"):
+        model.predict(da.from_array(bad, chunks=100)).compute()
 
 
 def test_mismatched_rows_name_both_counts(Xy):

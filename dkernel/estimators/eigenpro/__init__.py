@@ -23,7 +23,7 @@ from dkernel.estimators.eigenpro.features import (
 )
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
 from dkernel.estimators.eigenpro.nystrom import _DEFAULT_RIDGE, NystromRoute
-from dkernel.estimators.eigenpro.route import Route, predict_block
+from dkernel.estimators.eigenpro.route import Route, checked_predict_block, predict_block
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.spec import documented
@@ -129,9 +129,10 @@ class _EigenProBase(BaseEstimator):
                 X = X.rechunk({1: -1})
             given, X = X.chunks[0], balanced_rows(X)
             spec_d = graph_value(spec)
-            parts = [da.from_delayed(dask.delayed(predict_block)(b, spec_d), shape=(rows, c),
-                                     dtype=np.float32)
-                     for b, rows in zip(X.to_delayed().ravel(), X.chunks[0])]
+            starts = np.cumsum((0,) + X.chunks[0][:-1])
+            parts = [da.from_delayed(dask.delayed(checked_predict_block)(b, spec_d, int(start)),
+                                     shape=(rows, c), dtype=np.float32)
+                     for b, rows, start in zip(X.to_delayed().ravel(), X.chunks[0], starts)]
             f = da.concatenate(parts, axis=0)
             if f.chunks[0] != given:  # the input's chunks
                 f = f.rechunk({0: given})

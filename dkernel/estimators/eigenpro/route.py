@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.data.dataset import Dataset
+from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.chunks import worker_rows
 from dkernel.engine.stall import result, wait_running
@@ -52,6 +53,15 @@ class Route:
             return validation_score(fit.engine, fit.val, self.est._task, predict_block,
                                     spec(state), encoding.classes, encoding.offset)
         return evaluate
+
+
+def checked_predict_block(X: Any, spec: dict, start: int) -> Any:
+    """:func:`predict_block` of a lazy input's block that starts at row ``start``,
+    refused with that row's number if it holds NaN or infinity (as
+    :func:`dkernel.estimators.base.apply_rows` does): the kernel of a NaN row
+    is NaN, and a classifier's argmax turned it into class 0 without a word."""
+    check_finite_chunk(X, "X", start, "predicting")
+    return predict_block(X, spec)
 
 
 def predict_block(X: Any, spec: dict) -> Any:
