@@ -102,6 +102,17 @@ def _heteroscedastic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return x.astype(np.float32), y.astype(np.float32), s
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"quantile": 0.9}, "quantile=0.9 applies to loss='quantile', and the loss is 'squared'"),
+    ({"loss": "quantile", "epsilon": 0.2}, "epsilon=0.2 applies to loss='huber' or"),
+])
+def test_a_loss_parameter_the_loss_would_ignore_is_refused(settings, message):
+    # quantile=0.9 without loss="quantile" fitted the mean, bit for bit as the defaults
+    X = np.random.default_rng(0).standard_normal((50, 3))
+    with pytest.raises(ValueError, match=message):
+        DSGRegressor(n_features=64, **settings).fit(X, X[:, 0])
+
+
 def test_quantile_regression_at_0_9_covers_0_9_of_held_out_targets(client):
     X, y, _ = _heteroscedastic(6000, 0)
     Xt, yt, st = _heteroscedastic(20000, 1)

@@ -30,7 +30,13 @@ from dkernel.estimators.spec import documented
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
-from dkernel.losses import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, LossSpec, loss_spec
+from dkernel.losses import (
+    CLASSIFICATION_LOSSES,
+    LOSS_PARAMS,
+    REGRESSION_LOSSES,
+    LossSpec,
+    loss_spec,
+)
 from dkernel.solvers import gp
 from dkernel.solvers.dsg import DSGProgram, decision, ridge_step
 from dkernel.solvers.eigenpro import step_size
@@ -110,6 +116,15 @@ class _DSGBase(BaseEstimator):
             raise ValueError(f"loss={self.loss!r} is not a {self._task} loss; choose one of "
                              f"{', '.join(allowed)}")
         self._loss_spec()  # checks epsilon / quantile
+        defaults = inspect.signature(type(self).__init__).parameters
+        for name in ("epsilon", "quantile"):
+            # scikit-learn ignores them silently; a quantile=0.9 fit under the
+            # squared loss returned the mean, bit for bit (the CLI refuses too)
+            if name in defaults and name not in LOSS_PARAMS.get(self._loss, {}) \
+                    and getattr(self, name) != defaults[name].default:
+                takers = " or ".join(repr(k) for k, v in LOSS_PARAMS.items() if name in v)
+                raise ValueError(f"{name}={getattr(self, name)!r} applies to loss={takers}, and "
+                                 f"the loss is {self._loss!r}; set loss to {takers} or drop {name}")
 
     def _loss_spec(self) -> LossSpec:
         """The loss with its parameters (the regressor's ``epsilon``, ``quantile``)."""

@@ -191,12 +191,14 @@ _DSG_REGRESSOR = (
     Param("epsilon", 0.1, "float", number(0.0, low_open=False), """\
         Threshold of the "huber" loss (quadratic within epsilon of the target,
         linear beyond) and half-width of the "epsilon_insensitive" tube, as in
-        scikit-learn's ``SGDRegressor``.  Ignored by the other losses."""),
+        scikit-learn's ``SGDRegressor``.  Another loss refuses a value other
+        than the default (it would be ignored)."""),
     Param("quantile", 0.5, "float",
           number(0.0, 1.0, high_open=True, shown="strictly between 0 and 1"), """\
         Level tau in (0, 1) of the "quantile" (pinball) loss, as in
         scikit-learn's ``QuantileRegressor``: the fit estimates the tau-quantile
-        of y given x.  Ignored by the other losses."""),
+        of y given x.  Another loss refuses a value other than the default
+        (it would be ignored)."""),
     Param("posterior_variance", False, "bool", boolean(), """\
         Also fit the Gaussian-process posterior variance (Dai et al. App. D),
         for ``predict(X, return_std=True)``: one more pass and a
