@@ -9,7 +9,13 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dkernel import DSGClassifier, DSGRegressor, EigenProClassifier, open_dataset
+from dkernel import (
+    DSGClassifier,
+    DSGRegressor,
+    EigenProClassifier,
+    KernelCCA,
+    open_dataset,
+)
 from dkernel.cli import main
 from dkernel.data import write_store
 from dkernel.datasets import make_blobs_classification
@@ -44,6 +50,21 @@ def test_mismatched_rows_name_both_counts(Xy):
     X, y = Xy
     with pytest.raises(ValueError, match="y has 299 rows but X has 300"):
         DSGClassifier().fit(X, y[:-1])
+
+
+def test_score_with_targets_of_other_rows_names_both_counts(Xy):
+    # numpy said "operands could not be broadcast together with shapes (297,) (300,)"
+    X, y = Xy
+    clf = DSGClassifier(n_features=64, n_epochs=1).fit(X, y)
+    reg = DSGRegressor(n_features=64, n_epochs=1).fit(X, X[:, 0])
+    for model, target in ((clf, y), (reg, X[:, 0])):
+        for short in (target[:-3], da.from_array(target[:-3], chunks=100)):
+            with pytest.raises(ValueError, match="y has 297 rows but X has 300"):
+                model.score(X, short)
+    cca = KernelCCA(1, n_features=64, n_epochs=1, init="random", preconditioner=None)
+    cca.fit(X, X[:, :2])
+    with pytest.raises(ValueError, match="Y has 297 rows but X has 300"):
+        cca.score(X, X[:-3, :2])
 
 
 def test_misaligned_chunks_are_named_with_a_fix():

@@ -386,10 +386,21 @@ def score_targets(X: Any, y: Any) -> tuple[Any, Any]:
     raise ValueError("score needs targets y (or a store path whose array 'y' holds them)")
 
 
+def check_same_rows(a: Any, b: Any, a_name: str = "y", b_name: str = "X") -> None:
+    """Refuse ``a`` and ``b`` of different known row counts, naming both (numpy's
+    own message was "operands could not be broadcast together")."""
+    n_a, n_b = (getattr(v, "shape", (len(v),))[0] if getattr(v, "ndim", 1) else 1
+                for v in (a, b))
+    if not (math.isnan(n_a) or math.isnan(n_b)) and n_a != n_b:
+        raise ValueError(f"{a_name} has {n_a} rows but {b_name} has {n_b}; "
+                         f"pass the {a_name} of {b_name}'s rows")
+
+
 def _as_targets(y: Any, p: Any) -> Any:
     """y as an array shaped like the prediction p (dask stays lazy)."""
     if not isinstance(y, da.Array):
         y = np.asarray(y)
+    check_same_rows(y, p)
     if y.ndim == 2 and y.shape[1] == 1 and p.ndim == 1:
         y = y[:, 0]
     return y

@@ -22,6 +22,7 @@ from dkernel.estimators.base import (
     apply_rows,
     check_not_sparse,
     check_predict_input,
+    check_same_rows,
     is_in_memory,
     score_targets,
     validate_predict_input,
@@ -379,6 +380,7 @@ class _TwoViewBase(_ComponentsBase):
         if getattr(y, "ndim", 2) == 1:
             y = y.reshape(-1, 1)
         y = check_predict_input(y, self.n_features_y_, "Y")
+        check_same_rows(y, X, "Y")
         return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, y)
 
     def canonical_correlations(self, X: Any, y: Any = None) -> np.ndarray:
