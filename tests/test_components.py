@@ -186,6 +186,15 @@ def test_kpca_power_steps_refuse_a_batch_below_16_rows_a_component(client):
         KernelPCA(12, steps="power", batch_size=8, client=client).fit(_anisotropic(2000, 0))
 
 
+def test_block_steps_that_blow_up_by_the_last_pass_name_the_setting_to_change(client):
+    # each step's coefficients stayed finite, and the scores' float32 products
+    # overflowed in the final moments pass: "array must not contain infs or NaNs"
+    X = np.random.default_rng(0).normal(size=(400, 5))
+    with pytest.raises(FloatingPointError, match="use a smaller step_size"):
+        KernelPCA(2, steps="block", step_size=1e4, n_features=256, n_epochs=3,
+                  client=client).fit(X)
+
+
 def test_kpca_power_steps_find_hermite_eigenfunctions_one_by_one(client):
     """Xie section 7.1's problem: the final rotation separates the power steps'
     subspace into the individual eigenfunctions."""

@@ -237,3 +237,10 @@ def test_few_rows_are_streamed_in_several_passes_and_meet_exact_kernel_pca(clien
 
     # the exact top-2 of the same 512 features: only the solver's error is left
     assert sin2(auto) < 0.05 < sin2(one), (sin2(auto), sin2(one))
+
+
+def test_a_step_that_overflows_stops_with_the_setting_to_change(client):
+    # the overflow reached numpy's SVD first: "LinAlgError: SVD did not converge"
+    X = np.random.default_rng(0).normal(size=(400, 5))
+    with pytest.raises(FloatingPointError, match="oja diverged.*use a smaller step_size"):
+        StreamingKernelPCA(2, step_size=1e4, n_features=256, client=client).fit(X)

@@ -121,6 +121,10 @@ def oja_fold(state: dict, prep: dict, payload: dict) -> dict[str, Any]:
         Zb = Z[a : a + b]
         r = prep["r"][a : a + b] if "r" in prep else None
         V_new, P = _block_update(V, Zb, prep["G"][j], eta, r, S)
+        if not np.all(np.isfinite(V_new)):
+            raise FloatingPointError(
+                f"oja diverged in the block at row {n} (step size eta={eta:.3g}): the "
+                f"update overflowed; use a smaller step_size")
         Q, R = np.linalg.qr(V_new)
         Q *= np.sign(np.diag(R))  # keep column signs continuous
         if n + Zb.shape[0] > burn_in:

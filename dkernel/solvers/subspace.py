@@ -161,6 +161,12 @@ def moments_payload(features: tuple[FeatureMap, ...], coefs: tuple[np.ndarray, .
 
 def centred_moments(total: dict, center: bool) -> tuple[np.ndarray, np.ndarray]:
     """(mean of H, second moment of H about that mean) from a moments pass."""
+    if not (np.all(np.isfinite(total["H"])) and np.all(np.isfinite(total["HH"]))):
+        # the steps' own check passes coefficients that are finite but so large
+        # that the scores' float32 products overflow in this pass
+        raise FloatingPointError(
+            "the scores' moments over the data are not finite: the fitted coefficients "
+            "grew too large (the steps diverged); use a smaller step_size")
     n = float(total["count"])
     mean = total["H"] / n if center else np.zeros_like(total["H"])
     return mean, total["HH"] / n - np.outer(mean, mean)
