@@ -76,6 +76,10 @@ def test_misaligned_chunks_are_named_with_a_fix():
 def test_non_numeric_and_empty_and_one_dimensional_data():
     with pytest.raises(TypeError, match="not real numeric"):
         open_dataset(np.array([["a", "b"]]))
+    # string labels in dask: encode them, not "convert to float32"
+    labels = da.from_array(np.array(["a", "b", "a"]), chunks=3)
+    with pytest.raises(TypeError, match="y has dtype <U1.*LabelEncoder"):
+        open_dataset(da.zeros((3, 2), chunks=3), labels)
     with pytest.raises(ValueError, match="empty"):
         open_dataset(np.zeros((0, 3)))
     with pytest.raises(ValueError, match="2-D.*reshape"):

@@ -16,6 +16,13 @@ def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
     if np.dtype(dtype) == np.dtype(bool):
         return
     if not np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.complexfloating):
+        if name == "y" and np.dtype(dtype).kind in "USO":
+            # a classifier takes string labels in memory, where it encodes them itself
+            raise TypeError(
+                f"y has dtype {dtype}: labels that are not numbers are taken in memory "
+                "(NumPy, a list, pandas); a dask or stored y must hold numbers: encode the "
+                "classes as integers (sklearn.preprocessing.LabelEncoder) or pass y in memory"
+            )
         raise TypeError(
             f"{name} has dtype {dtype}, which is not real numeric; convert it to "
             "float32 (e.g. encode categorical columns) before fitting"
