@@ -178,6 +178,25 @@ def test_the_last_epochs_end_state_is_judged_and_replayed_when_it_blew_up(client
     assert m.score(Xt, yt) > 0.95
 
 
+def test_a_replayed_last_epoch_that_recovered_is_judged_by_its_end_state(client):
+    # step_size 2.6x the automatic one: epochs 2 and 3 ended above the start,
+    # epoch 3 was replayed at half the step and ended at training R^2 0.92.  Its
+    # steps' losses start from the state that blew up (mean 1.6x the start), and
+    # the warning built on them said the fit was no better than the mean.
+    import warnings
+
+    from dkernel import EigenProRegressor, FitQualityWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 5))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitQualityWarning)
+        m = EigenProRegressor(step_size=1000.0, n_epochs=3, client=client).fit(X, y)
+    assert m.step_backoffs_ and m.step_backoffs_[-1]["epoch"] == 3
+    assert m.score(X, y) > 0.85  # measured 0.916
+
+
 def test_kernel_eigenpro_backs_off_a_step_that_blows_up(client):
     # the kernel-form program returns a fresh state dict each step; the engine
     # carries the guard's reference and step scale across it

@@ -97,6 +97,9 @@ class DivergenceGuard:
         self.epoch: dict[str, Any] | None = None
         #: epochs replayed so far in this fit (at most ``_MAX_REPLAYS``)
         self.replays = 0
+        #: loss of the state the fit ended with, where the probe after the last
+        #: epoch measured it (:meth:`end_epoch`); :meth:`finish` judges by it
+        self.end_loss: float | None = None
         #: (applied, recent) read back from a checkpoint inside an epoch (:meth:`resume`)
         self._resumed: tuple[int, list[float]] | None = None
 
@@ -196,7 +199,9 @@ class DivergenceGuard:
             self.recent = (self.recent + [probe[0]])[-_RECENT:]
         end, rows = max(judged)
         margin = end_margin(int(state.get("guard_reference_rows", rows)), rows)
+        self.end_loss = None
         if end <= ref * (1.0 + margin):
+            self.end_loss = None if probe is None else probe[0]
             return state, False
         if ep["best"] is None or end < ep["best"]["loss"]:
             ep["best"] = {"loss": end, "state": copy.deepcopy(state), "applied": self.applied,
@@ -293,9 +298,11 @@ class DivergenceGuard:
     def finish(self, state: dict[str, Any]) -> None:
         """Warn when the last steps' loss is no better than the starting model's.
 
-        The mini-batch losses of the last ``_RECENT`` steps (each measured on
-        the state before its update, over fresh rows) stand in for the final
-        model's training loss; a fit of a single step has nothing to compare.
+        Where the probe after the last epoch measured the state the fit ended
+        with, that loss is the judge.  Otherwise the mini-batch losses of the
+        last ``_RECENT`` steps (each measured on the state before its update,
+        over fresh rows) stand in for the final model's training loss; a fit of
+        a single step has nothing to compare.
         """
         label = getattr(self.program, "label", "fit")
         if self.backoffs and self.applied == 0:
@@ -306,13 +313,21 @@ class DivergenceGuard:
                 FitQualityWarning, stacklevel=3)
             return
         ref = state.get("guard_reference")
-        if not self.recent or not ref:
+        if not ref:
             return
-        last = float(np.mean(self.recent))
+        if self.end_loss is not None:
+            # the end state itself, measured by the probe: the steps' losses of a
+            # replayed last epoch start from the state that blew up (a fit that
+            # ended at training R^2 0.92 warned from their mean, 1.6x the start)
+            last, what = self.end_loss, "the training loss of the model it ended with"
+        elif self.recent:
+            last, what = float(np.mean(self.recent)), "the mean training loss of the last steps"
+        else:
+            return
         if last >= ref:
             warnings.warn(
-                f"{label}: the mean training loss of the last steps {last:.4g} is no better "
-                f"than the starting model's {ref:.4g} (predicting the mean or the prior); "
+                f"{label}: {what} {last:.4g} is no better than the starting model's "
+                f"{ref:.4g} (predicting the mean or the prior); "
                 f"{self.program.divergence_hint()}", FitQualityWarning, stacklevel=3)
 
 
