@@ -59,6 +59,25 @@ def test_fit_refuses_to_start_over_a_checkpointed_fit_without_resume(store, clie
     assert not ckpt.exists()
 
 
+def test_a_checkpoint_path_that_is_the_model_or_another_file_is_refused(store, tmp_path, capsys):
+    # --checkpoint m.npz --out m.npz: the model was saved, then deleted as the
+    # checkpoint (exit 0); --overwrite deleted any file named by --checkpoint
+    out = tmp_path / "m.npz"
+    assert main(["fit", store, *FIT, "--checkpoint-every", "4", "--checkpoint", str(out),
+                 "--out", str(out)]) == 1
+    (line,) = _last_err(capsys)
+    assert "is the --out file" in line and not out.exists()
+    precious = tmp_path / "precious.npz"
+    assert main(["fit", store, *FIT, "--quiet", "--out", str(precious)]) == 0
+    before = precious.read_bytes()
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        assert main(["fit", store, *FIT, "--checkpoint-every", "4", "--checkpoint",
+                     str(precious), "--out", str(out), *extra]) == 1
+        (line,) = _last_err(capsys)
+        assert "exists and is not a checkpoint" in line, line
+    assert precious.read_bytes() == before and not out.exists()
+
+
 def test_abbreviated_flags_are_refused(store, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["fit", store, "--feat", "256", "--epoch", "1", "--out", str(tmp_path / "m.npz")])

@@ -165,6 +165,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              for a in grp._group_actions})
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two --out style paths (local, file:// or URLs) name one file."""
+    if "://" in a.removeprefix("file://") or "://" in b.removeprefix("file://"):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.abspath(a.removeprefix("file://")) == os.path.abspath(b.removeprefix("file://"))
+
+
 def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as "
@@ -176,13 +183,23 @@ def run(args: argparse.Namespace) -> int:
     parameters(args)  # the spec's checks, before Dask is imported
     from dkernel.data import open_dataset
     from dkernel.engine import connect
+    from dkernel.engine.checkpoint import is_checkpoint
     from dkernel.io import file_exists, remove_file
 
     est = build(args)
     checkpoint = args.checkpoint or (args.out + ".ckpt.npz")
+    if _same_file(checkpoint, args.out):
+        # the fit deletes its checkpoint once the model is saved: the model with it
+        raise ValueError(f"--checkpoint {checkpoint!r} is the --out file; the checkpoint is "
+                         "deleted when the model is saved, so name another file (default: "
+                         "MODEL.ckpt.npz)")
     if args.checkpoint_every or args.resume:
         est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
+    if file_exists(checkpoint) and not is_checkpoint(checkpoint):
+        # the fit would write its checkpoints over it and delete it at the end
+        raise FileExistsError(f"--checkpoint {checkpoint!r} exists and is not a checkpoint; "
+                              "name another file (it would be overwritten, then deleted)")
     if not args.resume and file_exists(checkpoint):
         # a rerun without --resume would start over and, once done, delete the
         # checkpoint: the interrupted fit's progress lost without a word

@@ -33,6 +33,15 @@ def split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str,
     return arrays, scalars
 
 
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a checkpoint written by :class:`Checkpointer` (a
+    model, data or any other file does not)."""
+    try:
+        return read_npz(path)[1].get("kind") == "checkpoint"
+    except (OSError, ValueError):
+        return False
+
+
 class Checkpointer:
     """Writes ``state`` every ``every`` steps to ``path``; reads it back on resume."""
 
