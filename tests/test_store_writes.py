@@ -71,3 +71,26 @@ def test_a_prediction_refused_early_leaves_no_store(client, tmp_path, capsys):
     while _executing(client):
         time.sleep(0.1)
     assert sorted(os.listdir(tmp_path)) == ["m.npz", "nan.zarr", "train.zarr"]
+
+
+def test_overwrite_replaces_a_store_or_an_empty_folder_and_nothing_else(tmp_path, capsys):
+    # --overwrite took a folder of the user's notes with it; a file failed with
+    # "[Errno 20] Not a directory"
+    X, y = make_blobs_classification(200, 3)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me\n")
+    text = tmp_path / "out.txt"
+    text.write_text("keep me too\n")
+    for path, kind in ((notes, "a folder that is not a zarr store"), (text, "a file")):
+        with pytest.raises(FileExistsError, match=f"is {kind}; --overwrite replaces only a store"):
+            write_store(path, X, y, overwrite=True)
+        assert main(["make-store", str(path), "--rows", "100", "--overwrite", "--quiet"]) == 1
+        assert kind in capsys.readouterr().err
+    assert (notes / "todo.txt").read_text() == "keep me\n" and text.read_text() == "keep me too\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    store = write_store(tmp_path / "s.zarr", X, y)
+    for path in (empty, store):
+        write_store(path, X[:50], y[:50], overwrite=True)
+        assert main(["info", str(path), "--json"]) == 0 and '"n_rows": 50' in capsys.readouterr().out

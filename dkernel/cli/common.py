@@ -118,10 +118,15 @@ def add_output_args(
         p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
 
-def check_output(path: str, overwrite: bool, flag: str = "--out") -> None:
+def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = False) -> None:
     """The overwrite policy of every command that writes: an existing output is
-    refused unless ``--overwrite`` is given (checked before any work)."""
+    refused unless ``--overwrite`` is given (checked before any work); a
+    ``store`` output is replaced only if it is a store (or an empty folder)."""
     if overwrite:
+        if store and "://" not in path.removeprefix("file://"):
+            from dkernel.data.store import check_replaceable
+
+            check_replaceable(path)
         return
     if "://" in path and not path.startswith("file://"):
         import fsspec

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--dtype {args.dtype}: fashion-mnist is written as float32 "
                              "(pixels / 255); drop --dtype")
         for name in ("train.zarr", "test.zarr"):
-            common.check_output(os.path.join(args.out, name), args.overwrite)
+            common.check_output(os.path.join(args.out, name), args.overwrite, store=True)
         out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,
                                        overwrite=args.overwrite)
         outputs = [os.path.join(out, "train.zarr"), os.path.join(out, "test.zarr")]
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = args.format or ing.guess_format(args.input)
         fmt = "libsvm" if fmt == "svmlight" else fmt
         _check_options(args, fmt)
-        common.check_output(args.out, args.overwrite)
+        common.check_output(args.out, args.overwrite, store=True)
         parallel = (fmt == "parquet" or args.parallel
                     or (fmt in ("csv", "libsvm") and _large(args.input)))
         if not parallel:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.datasets import make_store
 
     rows = args.rows if args.rows is not None else int(args.gb * 1e9 // (4 * args.inputs))
-    common.check_output(args.out, args.overwrite, flag="OUT")
+    common.check_output(args.out, args.overwrite, flag="OUT", store=True)
     t0 = time.perf_counter()
     with common.connect_cluster(args) as client:
         make_store(args.out, rows, args.inputs, chunk_rows=args.chunk_rows, kind=args.task,

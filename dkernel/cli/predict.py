@@ -39,7 +39,7 @@ def run_apply(args: argparse.Namespace) -> int:
     from dkernel.data.store import write_arrays
     from dkernel.io import load_model
 
-    common.check_output(args.out, args.overwrite)
+    common.check_output(args.out, args.overwrite, store=True)
     model = load_model(args.model)
     if not hasattr(model, args.method):
         other = "transform" if args.method == "predict" else "predict"

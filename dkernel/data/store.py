@@ -37,11 +37,30 @@ def default_chunk_rows(n_inputs: int, dtype: Any, chunk_rows: int | None = None)
 
 
 def check_out(out: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an existing local output unless ``overwrite`` (before any work)."""
+    """Refuse an existing local output unless ``overwrite`` (before any work),
+    and with it one that is not a store (:func:`check_replaceable`)."""
     out = os.fspath(out)
     if not overwrite and "://" not in out and os.path.exists(out):
         raise FileExistsError(f"{out} already exists; remove it, choose another --out, "
                               "or pass --overwrite (overwrite=True)")
+    if overwrite and "://" not in out:
+        check_replaceable(out)
+
+
+def check_replaceable(path: str) -> None:
+    """Refuse to replace an existing local ``path`` that is neither a zarr store
+    nor an empty folder: ``--overwrite`` replaces an earlier output, and took a
+    folder of the user's notes with it (or failed on a file with "Not a
+    directory")."""
+    path = path.removeprefix("file://")
+    if not os.path.exists(path):
+        return
+    if os.path.isdir(path) and (not os.listdir(path) or any(
+            os.path.exists(os.path.join(path, key)) for key in _GROUP_METADATA)):
+        return
+    kind = "a folder that is not a zarr store" if os.path.isdir(path) else "a file"
+    raise FileExistsError(f"{path!r} is {kind}; --overwrite replaces only a store written "
+                          "before: remove it yourself or choose another output path")
 
 
 @contextmanager
@@ -65,6 +84,7 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     path = path.removeprefix("file://")
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path!r} already exists; remove it or choose another output path")
+    check_replaceable(path)
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
     # unique per call: two writes in one process (threads, a retry after a
@@ -93,6 +113,11 @@ def _atomic_object_store(url: str, overwrite: bool) -> Iterator[Any]:
     root = root.rstrip("/")
     if fs.exists(root) and not overwrite:
         raise FileExistsError(f"{url!r} already exists; remove it or choose another output path")
+    if fs.exists(root) and not any(fs.exists(f"{root}/{key}") for key in _GROUP_METADATA):
+        # the prefix is removed recursively below: only an earlier store's
+        raise FileExistsError(f"{url!r} holds something other than a zarr store; --overwrite "
+                              "replaces only a store written before: remove it yourself or "
+                              "choose another output path")
     head, _, name = url.rstrip("/").rpartition("/")
     tmp_url = f"{head}/.{name}.tmp-{uuid.uuid4().hex[:12]}"
     _, tmp = fsspec.core.url_to_fs(tmp_url)
