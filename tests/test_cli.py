@@ -555,3 +555,18 @@ def test_serial_ingest_refuses_cluster_flags_it_would_ignore(tmp_path, capsys, e
     csv.write_text("1,2,3\n4,5,6\n")
     _fails(capsys, ["ingest", str(csv), "--out", str(tmp_path / "c.zarr"), *extra],
            "this csv input is read and written in this process")
+
+
+@pytest.mark.parametrize("solver", [["--solver", "dsg", "--features", "128"],
+                                    ["--solver", "eigenpro"],
+                                    ["--solver", "eigenpro", "--n-centers", "200"]],
+                         ids=["dsg", "eigenpro", "eigenpro-all-rows"])
+def test_fit_json_is_the_only_thing_on_stdout(labelled, capsys, tmp_path, solver):
+    # the solvers' verbose lines ("dsg: 128 features, ...") went to stdout
+    # ahead of the JSON object, so `| jq` failed
+    out = tmp_path / "m.npz"
+    assert main(["fit", labelled["train"], *solver, "--epochs", "1", "--json",
+                 "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["model"] == str(out)
+    assert captured.err  # the status lines are there, on stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import time
 from typing import Any
 
@@ -173,7 +174,7 @@ class _DSGBase(BaseEstimator):
                 print(f"dsg: {n_blocks * features.block_size} features, "
                       f"batch_size={self.batch_size_}, lanes={self.lanes_}, "
                       f"local_steps={self.local_steps_}, "
-                      f"feature_cache={self.feature_cache_}", flush=True)
+                      f"feature_cache={self.feature_cache_}", file=sys.stderr, flush=True)
             # a round of local steps is one engine step over local_steps batches
             state = fit.run_steps(program, self.batch_size_ * self.local_steps_,
                                   evaluate=self._evaluator(fit, program, features, encoding))

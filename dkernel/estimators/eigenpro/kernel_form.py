@@ -3,6 +3,7 @@ Ma & Belkin's Table 2, with the kernel rows K(X_c, C) kept on the workers."""
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from typing import Any
@@ -100,7 +101,7 @@ class KernelRoute(Route):
             return None
         if self.est.verbose:
             print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "
-                  f"{time.perf_counter() - t_fill:.1f}s", flush=True)
+                  f"{time.perf_counter() - t_fill:.1f}s", file=sys.stderr, flush=True)
         return chunks
 
     @staticmethod

@@ -4,6 +4,7 @@ conjugate gradients (Rudi, Carratino & Rosasco 2017, Alg. 1)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -115,4 +116,4 @@ class NystromRoute(KernelRoute):
             print(f"eigenpro (all rows): n={n} centers={p} alpha={lam:.3g} preconditioner "
                   f"{t_pre:.1f}s passes={result.n_passes} cache={mode} cg residual="
                   f"{last.get('residual', nan):.3g} train mse={last.get('loss', nan):.4g}",
-                  flush=True)
+                  file=sys.stderr, flush=True)

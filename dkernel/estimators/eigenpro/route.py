@@ -4,6 +4,7 @@ prediction of a block of rows."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,8 @@ def record_sgd(est: Any, bandwidth: float, encoding: TargetEncoding, n_inputs: i
     if est.verbose:
         print(f"eigenpro: q={est.q_} lambda_1={est.eigenvalues_[0]:.4g} "
               f"lambda_q+1={est.eigenvalues_[est.q_]:.4g} m*={m_star:.0f} batch={batch} "
-              f"eta={est.step_size_:.4g} cache={cache_mode} eigensolver={method}", flush=True)
+              f"eta={est.step_size_:.4g} cache={cache_mode} eigensolver={method}",
+              file=sys.stderr, flush=True)
 
 
 def cache_mode(est: Any, client: Any, data: Dataset, p: int) -> str:
