@@ -192,6 +192,17 @@ def test_csv_without_header_defaults_to_last_column_target_or_none(tmp_path):
     assert y is None
 
 
+def test_a_first_line_mixing_numbers_and_gaps_is_refused_not_taken_for_a_header(tmp_path):
+    # ",2,0" (a data row with a missing value) was read as a header and dropped
+    (tmp_path / "g.csv").write_text(",2,0\n1,2,1\n3,4,0\n")
+    with pytest.raises(IngestError, match=r"line 1 mixes numbers.*--header or --no-header"):
+        ingest_csv(tmp_path / "g.csv", tmp_path / "g.zarr")
+    assert not (tmp_path / "g.zarr").exists()
+    # said explicitly, a mixed first line is a header (a column named "2")
+    _, X, y = read_store(ingest_csv(tmp_path / "g.csv", tmp_path / "h.zarr", header=True))
+    np.testing.assert_array_equal(X, [[1, 2], [3, 4]])
+
+
 def test_csv_gzip_whitespace_delimited_is_read(tmp_path):
     with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
         f.write("x1 x2  y\n 1  2  1\n3 4 0\n")

@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-target", action="store_true", help="csv: store every column in X, no y")
     h = p.add_mutually_exclusive_group()
     h.add_argument("--header", action="store_true", default=None,
-                   help="csv: the first line names the columns (default: detected)")
+                   help="csv: the first line names the columns (default: detected; a "
+                        "first line that mixes numbers and other fields is refused)")
     h.add_argument("--no-header", dest="header", action="store_false", default=None,
                    help="csv: the first line is data")
     p.add_argument("--delimiter", metavar="D",

@@ -55,8 +55,10 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
         The column stored as ``y``: a header name or a (possibly negative)
         index; the last column by default; None stores no ``y``.
     header : bool, optional
-        Whether the first line names the columns.  Default: detected (a header
-        is a first line with any non-numeric field).
+        Whether the first line names the columns.  Default: detected (a first
+        line with no number is a header, one of numbers only is data, and one
+        that mixes them is refused: a data row with a missing value is not a
+        header).
     delimiter : str or None, default "auto"
         Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
         else whitespace; None means runs of whitespace.
@@ -146,7 +148,16 @@ def _first_row(path: str, header: bool | None,
         delimiter = next((d for d in (",", "\t", ";") if d in first[1]), None)
     fields = _split(first[1], delimiter)
     if header is None:
-        header = not all(_is_number(v) for v in fields)
+        numbers = sum(_is_number(v) for v in fields)
+        if 0 < numbers < len(fields):
+            # a data row with a missing or "?" value read as a header: that row was
+            # dropped without a word
+            raise IngestError(
+                f"{path}: line {first[0]} mixes numbers with other fields "
+                f"({', '.join(map(repr, fields[:6]))}{', ...' if len(fields) > 6 else ''}), "
+                "so it is neither clearly a header nor "
+                "clearly data; pass --header or --no-header (header=True / False)")
+        header = numbers == 0
     return first[0], delimiter, fields, header
 
 
