@@ -83,18 +83,22 @@ def reference(store, client, tmp_path_factory):
 def killed(store, tmp_path_factory):
     """A fit in its own process, SIGKILLed once its checkpoint passed KILL_AT
     steps; returns (model path, checkpoint path, pristine copy of the checkpoint)."""
-    folder = tmp_path_factory.mktemp("killed")
+    return _killed_fit(store, tmp_path_factory.mktemp("killed"), FIT_ARGS, KILL_AT)
+
+
+def _killed_fit(store: str, folder: Path, args: list[str], kill_at: int,
+                every: int = 1) -> tuple[Path, Path, Path]:
     out, ckpt = folder / "model.npz", folder / "model.npz.ckpt.npz"
-    proc = _dkernel("fit", store, *FIT_ARGS, "--workers", "1", "--checkpoint-every", "1",
+    proc = _dkernel("fit", store, *args, "--workers", "1", "--checkpoint-every", str(every),
                     "--out", str(out))
     try:
         deadline = time.monotonic() + 60
-        while _checkpoint_step(ckpt) < KILL_AT:
+        while _checkpoint_step(ckpt) < kill_at:
             if proc.poll() is not None:
                 pytest.fail(f"the fit ended (rc {proc.returncode}) before it could be killed:\n"
                             f"{proc.stdout.read()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"no checkpoint past step {KILL_AT} within 60 s")
+                pytest.fail(f"no checkpoint past step {kill_at} within 60 s")
             time.sleep(0.01)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -123,6 +127,40 @@ def test_fit_killed_mid_way_and_resumed_gives_the_uninterrupted_model(store, kil
     # reference ran on 2.
     assert np.array_equal(resumed.coef_, reference.coef_)
     assert np.array_equal(resumed.classes_, reference.classes_)
+
+
+#: Early stopping that keeps its best epoch: 12 epochs, the best (measured) the
+#: 8th, whose validation accuracy 0.75 no later epoch passes (the step is large).
+EARLY_ARGS = ["--solver", "dsg", "--task", "classification", "--bandwidth", "2", "--epochs", "12",
+              "--step-size", "200",
+              "--batch-size", "250", "--lanes", "1", "--features", "256", "--feature-cache",
+              "off", "--early-stopping", "--n-iter-no-change", "20", "--seed", "1", "--quiet",
+              "--preconditioner", "none"]  # bit-identical on any cluster, as FIT_ARGS
+
+
+def test_a_resumed_early_stopping_fit_keeps_its_best_epoch_and_history(store, client,
+                                                                       tmp_path_factory):
+    # the checkpoint held neither the best epoch's model and score nor the epochs'
+    # history: the resumed fit picked its best among the epochs after the resume
+    # (epoch 12 where the uninterrupted fit kept 6) and kept 9 of 20 history entries
+    # (the CLI, 2000 rows, 20 epochs, killed in epoch 11)
+    folder = tmp_path_factory.mktemp("early")
+    ref_out = folder / "reference.npz"
+    assert main(["fit", store, *EARLY_ARGS, "--scheduler", client.cluster.scheduler_address,
+                 "--out", str(ref_out)]) == 0
+    reference = load_model(ref_out)
+    assert reference.best_epoch_ <= 10
+    # killed two epochs after the best one, which the resumed fit must return to
+    steps_per_epoch = reference.history_[0]["steps"]
+    out, ckpt, _ = _killed_fit(store, folder, EARLY_ARGS, every=3,
+                               kill_at=(reference.best_epoch_ + 2) * steps_per_epoch)
+    assert main(["fit", store, *EARLY_ARGS, "--scheduler", client.cluster.scheduler_address,
+                 "--checkpoint-every", "3", "--resume", "--out", str(out)]) == 0
+    resumed = load_model(out)
+    assert resumed.best_epoch_ == reference.best_epoch_
+    assert np.array_equal(resumed.coef_, reference.coef_)
+    assert resumed.validation_scores_ == reference.validation_scores_
+    assert [e["epoch"] for e in resumed.history_] == list(range(1, 13))
 
 
 def test_resume_continues_from_the_checkpointed_state(store, killed, reference, client, tmp_path):
@@ -206,7 +244,13 @@ def test_preconditioned_fit_resumes_to_the_uninterrupted_model_up_to_rounding(cl
         DSGClassifier(checkpoint=str(ckpt), resume=True, **kw).fit(X, y)
     full, resumed, step = resume_mid_fit(lambda **c: DSGClassifier(**kw, **c), X, y)
     done = sum(h["steps"] for h in full.history_)
-    assert 0 < step < done and sum(h["steps"] for h in resumed.history_) == done - step
+    assert 0 < step < done
+    # the checkpoint carries the finished epochs' history; the epoch it was taken
+    # in counts the steps after the resume
+    ends = np.cumsum([h["steps"] for h in full.history_])
+    finished = int(ends[ends <= step][-1]) if (ends <= step).any() else 0
+    assert [h["epoch"] for h in resumed.history_] == [h["epoch"] for h in full.history_]
+    assert sum(h["steps"] for h in resumed.history_) == done - (step - finished)
     assert reference.q_ > 0
     np.testing.assert_allclose(resumed.coef_, reference.coef_, rtol=1e-9, atol=1e-12)
 

@@ -75,6 +75,23 @@ class EngineOptions:
     dtype: str = "float32"
 
 
+#: Checkpoint keys of the epoch history and of the ``on_epoch`` callback's own state
+#: (its ``checkpoint_state()``, e.g. early stopping's best epoch and model).
+_HISTORY_KEY = "engine_history"
+_CALLBACK = "on_epoch."
+
+
+def _callback_state(on_epoch: Any) -> dict[str, Any]:
+    saver = getattr(on_epoch, "checkpoint_state", None)
+    return {} if saver is None else {_CALLBACK + k: v for k, v in saver().items()}
+
+
+def _json_safe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History entries with NumPy scalars as Python ones (checkpoint metadata is JSON)."""
+    return [{k: v.item() if isinstance(v, np.generic) else v for k, v in e.items()}
+            for e in entries]
+
+
 def _one_blas_thread(method: Callable) -> Callable:
     """Run ``method`` with the client's BLAS on one thread.
 
@@ -154,10 +171,16 @@ class Engine:
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
         guard = DivergenceGuard(program)
+        history: list[dict[str, Any]] = []
         if opts.resume:
             loaded = ckpt.load()
             if loaded is not None:
-                state, start = guard.resume(loaded[0]), loaded[1]
+                saved = dict(loaded[0])
+                history = list(saved.pop(_HISTORY_KEY, []))
+                callback = {k: saved.pop(k) for k in list(saved) if k.startswith(_CALLBACK)}
+                state, start = guard.resume(saved), loaded[1]
+                if callback and hasattr(on_epoch, "resume"):
+                    on_epoch.resume({k[len(_CALLBACK):]: v for k, v in callback.items()})
         self.backoffs = guard.backoffs
         state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
@@ -169,7 +192,11 @@ class Engine:
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
         run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
-        self.history = []
+        self.history = history  # a resumed fit's epochs before the checkpoint, as they were
+
+        def checkpoint(step: int) -> None:
+            ckpt.save({**guard.checkpoint_state(state), **_callback_state(on_epoch),
+                       _HISTORY_KEY: _json_safe(self.history)}, step)
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
@@ -261,7 +288,7 @@ class Engine:
                             seen["loss"] += float(np.sum(total["loss"]))
                             seen["loss_rows"] += int(total.get("count", 0))
                         if ckpt.due(step) and step < first + per_epoch[epoch]:
-                            ckpt.save(guard.checkpoint_state(state), step)
+                            checkpoint(step)
                         rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
                         progress.update(1, epoch=epoch + 1, **{"rows/s": rate},
                                         **program.metrics(total))
@@ -276,8 +303,6 @@ class Engine:
                 start = step = first
                 progress.total += per_epoch[epoch]
                 seen.update(loss=0.0, loss_rows=0, rows=0, steps=0)
-            if ckpt.due(step):  # after the judgement: a resume never judges it again
-                ckpt.save(guard.checkpoint_state(state), step)
             entry = {
                 "epoch": epoch + 1, "steps": seen["steps"], "rows": seen["rows"],
                 "loss": seen["loss"] / seen["loss_rows"] if seen["loss_rows"] else None,
@@ -292,6 +317,10 @@ class Engine:
                           program.slow_hint())
             if on_epoch is not None:
                 on_epoch(state, epoch)
+            if ckpt.due(step):
+                # after the guard's judgement and the callback's (validation, the
+                # best epoch so far): a resume repeats neither
+                checkpoint(step)
             if program.should_stop(state, epoch):
                 break
         progress.close()

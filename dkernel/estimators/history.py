@@ -164,6 +164,20 @@ class EpochMonitor:
         elif epoch - self.best["epoch"] >= self.n_iter_no_change:
             self.program.stop = True
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the monitor: the best epoch, its score and
+        state (a fit resumed after it must still return to it)."""
+        if not self.best:
+            return {}
+        return {"best_score": self.best["score"], "best_epoch": self.best["epoch"],
+                **{f"best.{k}": v for k, v in self.best["state"].items()}}
+
+    def resume(self, saved: dict[str, Any]) -> None:
+        """The monitor as :meth:`checkpoint_state` left it."""
+        if "best_score" in saved:
+            self.best = {"score": float(saved["best_score"]), "epoch": int(saved["best_epoch"]),
+                         "state": {k[5:]: v for k, v in saved.items() if k.startswith("best.")}}
+
     def final_state(self, state: dict) -> dict:
         """The best epoch's state when validation ran, else ``state``."""
         return self.best["state"] if self.best else state
