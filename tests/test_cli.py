@@ -320,10 +320,11 @@ def test_every_command_that_writes_refuses_an_existing_output_without_overwrite(
         "predict": ["predict", labelled["model"], labelled["train"], "--out", str(out)],
         "transform": ["transform", labelled["model"], labelled["train"], "--out", str(out)],
         "ingest": ["ingest", str(tmp_path / "t.csv"), "--out", str(out)],
-        "plot": ["plot", labelled["model"], "--out", str(tmp_path / "m.npz")],
+        "plot": ["plot", labelled["model"], "--out", str(tmp_path / "m.png")],
         "demo": ["demo", "--out", str(tmp_path)],
     }[command]
     (tmp_path / "m.npz").write_bytes(b"keep")
+    (tmp_path / "m.png").write_bytes(b"keep")
     (tmp_path / "model.npz").write_bytes(b"keep")
     _fails(capsys, argv, "already exists; pass --overwrite to replace it")
     assert (tmp_path / "m.npz").read_bytes() == b"keep" and not any(out.iterdir())
@@ -362,6 +363,10 @@ def test_model_info_and_plot_show_the_training_history(labelled, capsys):
     fig = labelled["dir"] / "curve.png"
     assert main(["plot", labelled["model"], "--out", str(fig), "--quiet"]) == 0
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # no extension: matplotlib wrote curve.png beside the checked path "curve"
+    bare = labelled["dir"] / "curve"
+    _fails(capsys, ["plot", labelled["model"], "--out", str(bare)], "needs an image extension")
+    assert not bare.exists() and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_command_and_option_has_help_defaults_shown_and_quiet(capsys):
