@@ -575,3 +575,35 @@ def test_fit_json_is_the_only_thing_on_stdout(labelled, capsys, tmp_path, solver
     captured = capsys.readouterr()
     assert json.loads(captured.out)["model"] == str(out)
     assert captured.err  # the status lines are there, on stderr
+
+
+def test_bad_sizes_name_their_flag_and_a_y_of_other_outputs_is_named(labelled, capsys, tmp_path):
+    # "expected non-negative integer", "cannot convert float NaN to integer",
+    # "n_features must be > 0" and "total size of new array must be unchanged"
+    out = str(tmp_path / "s.zarr")
+    for argv, message in (
+            (["make-store", out, "--rows", "10", "--seed", "-1"], "--seed must be at least 0"),
+            (["make-store", out, "--gb", "nan"], "--gb must be a positive number"),
+            (["make-store", out, "--rows", "0"], "--rows must be at least 1"),
+            (["ingest", labelled["train"], "--n-inputs", "0", "--out", out],
+             "--n-inputs must be at least 1")):
+        _fails(capsys, argv, message)
+    X, y = make_dai_ridge(300, 4)
+    two = write_store(tmp_path / "two.zarr", X, np.stack([y, -y], axis=1))
+    model = str(tmp_path / "r.npz")
+    assert main(["fit", labelled["continuous"], "--task", "regression", "--features", "64",
+                 "--epochs", "1", "--quiet", "--out", model]) == 0
+    _fails(capsys, ["evaluate", model, two], "y has 2 column(s) but the model predicts 1")
+
+
+def test_a_warning_is_one_line_on_stderr(labelled, tmp_path):
+    # FitQualityWarning came out as Python's two lines: a file path and the
+    # source line of the warnings.warn call
+    proc = subprocess.run(
+        [sys.executable, "-m", "dkernel", "fit", labelled["continuous"], "--task", "regression",
+         "--features", "64", "--epochs", "2", "--step-size", "1e6", "--workers", "1", "--quiet",
+         "--out", str(tmp_path / "m.npz")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "Warning" in x]
+    assert line.startswith("dkernel: warning: FitQualityWarning: dsg: every update was undone")
+    assert "warnings.warn" not in proc.stderr and ".py:" not in proc.stderr

@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import threading
+import warnings
 
 # One module per command family; each exposes register(subparsers).
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
@@ -53,6 +54,12 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    text = str(message).strip().splitlines()[0] if str(message).strip() else ""
+    return f"dkernel: warning: {category.__name__}: {text}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -60,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupted) if in_main else None
+    formatwarning = warnings.formatwarning
+    if not args.debug:  # a printed warning is one line too, without Python's source lines
+        warnings.formatwarning = _one_line_warning
     try:
         result = args.func(args)
         return int(result or 0)
@@ -73,5 +83,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
     finally:
+        warnings.formatwarning = formatwarning
         if in_main:
             signal.signal(signal.SIGINT, previous)

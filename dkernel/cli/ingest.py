@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    for flag in ("n_inputs", "chunk_rows"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
     if args.input == "fashion-mnist" and not os.path.exists(args.input):
         _check_options(args, "fashion-mnist")
         _refuse_cluster_flags(args, "fashion-mnist")

@@ -5,6 +5,7 @@ chunk), for out-of-core and throughput runs."""
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from dkernel.cli import common
@@ -29,7 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dkernel.datasets import make_store
 
+    for flag, value, least in (("--rows", args.rows, 1), ("--inputs", args.inputs, 1),
+                               ("--chunk-rows", args.chunk_rows, 1), ("--seed", args.seed, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+    if args.gb is not None and not (math.isfinite(args.gb) and args.gb > 0):
+        raise ValueError(f"--gb must be a positive number of gigabytes, got {args.gb}")
     rows = args.rows if args.rows is not None else int(args.gb * 1e9 // (4 * args.inputs))
+    if rows < 1:
+        raise ValueError(f"--gb {args.gb} is less than one row of {args.inputs} float32 inputs")
     common.check_output(args.out, args.overwrite, flag="OUT", store=True)
     t0 = time.perf_counter()
     with common.connect_cluster(args) as client:

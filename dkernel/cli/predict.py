@@ -97,6 +97,9 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
         var = da.compute(Z.var(axis=0))[0]
         return {"explained_variance": [float(v) for v in var], "total_variance": float(var.sum())}
     if hasattr(model, "classes_"):
+        if y.ndim != 1 and y.shape[1:] != (1,):
+            raise ValueError(f"the store's y has shape {y.shape}; a classifier is scored on one "
+                             "column of labels")
         check_labels(model, y)
         pred = model.predict(X)
         acc = (pred == y.reshape(-1)).mean()
@@ -104,7 +107,7 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     from dkernel.estimators.base import r2_from_sums, r2_sums
 
     pred = model.predict(X)
-    yv = y.astype(np.float64).reshape(pred.shape)
+    yv = y.astype(np.float64)  # r2_sums checks its rows and outputs against pred's
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.

@@ -403,6 +403,11 @@ def _as_targets(y: Any, p: Any) -> Any:
     check_same_rows(y, p)
     if y.ndim == 2 and y.shape[1] == 1 and p.ndim == 1:
         y = y[:, 0]
+    outputs = [1 if a.ndim == 1 else a.shape[1] for a in (y, p)]
+    if y.ndim not in (1, 2) or outputs[0] != outputs[1]:
+        raise ValueError(f"y has {outputs[0] if y.ndim in (1, 2) else y.shape} column(s) but the "
+                         f"model predicts {outputs[1]} output(s); score it on targets of the "
+                         "outputs it was fitted on")
     return y
 
 
