@@ -269,3 +269,22 @@ def test_removing_a_checkpoint_removes_the_writes_a_killed_process_left(tmp_path
     other.write_bytes(b"")
     remove_file(ckpt)
     assert not ckpt.exists() and not left.exists() and other.exists()
+
+
+def test_a_fingerprint_that_differs_by_rounding_still_resumes(tmp_path):
+    # the same fit's step size, from a float32 eigensolve on the client, came out
+    # 628.47545 in a process that also hosts the scheduler and 628.47622 in a
+    # plain one; the resume in the other kind of process was refused
+    from dkernel.engine.checkpoint import Checkpointer
+
+    path = tmp_path / "c.npz"
+    saved = {"solver": "dsg", "step_size": 628.4754452533532,
+             "preconditioner": [38, 1.0, 12.345678]}
+    Checkpointer(path, 1, saved).save({"coef": np.ones(3)}, 4)
+    near = {**saved, "step_size": 628.4762162636853, "preconditioner": [38, 1.0, 12.345679]}
+    state, step = Checkpointer(path, 1, near).load()
+    assert step == 4 and np.array_equal(state["coef"], np.ones(3))
+    for other in ({**saved, "step_size": 700.0}, {**saved, "preconditioner": [39, 1.0, 12.3]},
+                  {**saved, "solver": "eigenpro"}):
+        with pytest.raises(ValueError, match="belongs to a different fit"):
+            Checkpointer(path, 1, other).load()

@@ -93,4 +93,5 @@ def test_overwrite_replaces_a_store_or_an_empty_folder_and_nothing_else(tmp_path
     store = write_store(tmp_path / "s.zarr", X, y)
     for path in (empty, store):
         write_store(path, X[:50], y[:50], overwrite=True)
-        assert main(["info", str(path), "--json"]) == 0 and '"n_rows": 50' in capsys.readouterr().out
+        assert main(["info", str(path), "--json"]) == 0
+        assert '"n_rows": 50' in capsys.readouterr().out
