@@ -76,6 +76,13 @@ def test_a_checkpoint_path_that_is_the_model_or_another_file_is_refused(store, t
         (line,) = _last_err(capsys)
         assert "exists and is not a checkpoint" in line, line
     assert precious.read_bytes() == before and not out.exists()
+    # --out: --overwrite replaces a model, not a file of something else
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    assert main(["fit", store, *FIT, "--overwrite", "--out", str(notes)]) == 1
+    (line,) = _last_err(capsys)
+    assert "exists and is not a dkernel model file" in line and notes.read_text() == "keep me\n"
+    assert main(["fit", store, *FIT, "--overwrite", "--quiet", "--out", str(precious)]) == 0
 
 
 def test_abbreviated_flags_are_refused(store, tmp_path, capsys):

@@ -118,15 +118,19 @@ def add_output_args(
         p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
 
-def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = False) -> None:
+def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = False,
+                 model: bool = False) -> None:
     """The overwrite policy of every command that writes: an existing output is
     refused unless ``--overwrite`` is given (checked before any work); a
-    ``store`` output is replaced only if it is a store (or an empty folder)."""
+    ``store`` output is replaced only if it is a store (or an empty folder), a
+    ``model`` output only if it is a model file."""
     if overwrite:
         if store and "://" not in path.removeprefix("file://"):
             from dkernel.data.store import check_replaceable
 
             check_replaceable(path)
+        if model:
+            _check_model_replaceable(path, flag)
         return
     if "://" in path and not path.startswith("file://"):
         import fsspec
@@ -139,6 +143,22 @@ def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = 
         raise FileExistsError(
             f"{flag} {path!r} already exists; pass --overwrite to replace it or choose another path"
         )
+
+
+def _check_model_replaceable(path: str, flag: str) -> None:
+    """Refuse ``--overwrite`` of an existing file that is not a dkernel model."""
+    from dkernel.files import file_exists, read_npz
+
+    if not file_exists(path):
+        return
+    try:
+        kind = read_npz(path)[1].get("kind")
+    except (OSError, ValueError):
+        kind = None
+    if kind != "model":
+        raise FileExistsError(f"{flag} {path!r} exists and is not a dkernel model file; "
+                              "--overwrite replaces only a model written before: remove it "
+                              "yourself or choose another path")
 
 
 def status(args: argparse.Namespace, message: str) -> None:

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     train, test = os.path.join(args.out, "train.zarr"), os.path.join(args.out, "test.zarr")
     model_path = os.path.join(args.out, "model.npz")
     for path in (train, test, model_path):
-        common.check_output(path, args.overwrite, store=path != model_path)
+        common.check_output(path, args.overwrite, store=path != model_path,
+                            model=path == model_path)
     os.makedirs(args.out, exist_ok=True)
     def say(message: str) -> None:  # progress: stderr, dropped by --quiet
         common.status(args, message)

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a folder; give a model file path such as "
                          "model.npz")
-    common.check_output(args.out, args.overwrite)
+    common.check_output(args.out, args.overwrite, model=True)
     if args.checkpoint and not (args.checkpoint_every or args.resume):
         raise ValueError("--checkpoint names the file of --checkpoint-every N / --resume; "
                          "add one of them (alone it would be ignored)")
