@@ -15,6 +15,7 @@ Paths may be fsspec URLs (``s3://bucket/m.npz``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import json
@@ -191,35 +192,52 @@ def _umask() -> int:
     return mask
 
 
+class NewerFormatError(ValueError):
+    """A dkernel file of a format version this dkernel does not know."""
+
+
 def read_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     """Arrays and metadata of a file written by :func:`write_npz_atomic`."""
+    return _read_npz(path, arrays=True)
+
+
+def read_npz_meta(path: str | os.PathLike) -> dict:
+    """The metadata of a file written by :func:`write_npz_atomic`, without
+    reading its arrays (from an object store: the zip's directory and one
+    member, not the whole file)."""
+    return _read_npz(path, arrays=False)[1]
+
+
+def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:
     path = os.fspath(path)
     if not file_exists(path):
         raise FileNotFoundError(f"no model or checkpoint file at {path!r}")
-    if is_url(path):
-        fs, key = url_fs(path)
-        source: Any = io.BytesIO(fs.cat_file(key))
-        head = source.getvalue()[:4]
-    else:
-        source = path.removeprefix("file://")
-        with open(source, "rb") as f:
-            head = f.read(4)
-    if head != b"PK\x03\x04":
-        # np.load would try it as a pickle and advise allow_pickle=True, which
-        # dkernel never uses (docs/design.md §1: never pickle)
-        raise ValueError(f"{path!r} is not a dkernel model or checkpoint: those are .npz "
-                         "archives written by 'dkernel fit --out' or save_model()")
-    try:
-        with np.load(source, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise ValueError(f"{path!r} is not a dkernel file ({exc})") from None
-    if "__meta__" not in arrays:
-        raise ValueError(f"{path!r} is not a dkernel file (no metadata)")
-    meta = json.loads(arrays.pop("__meta__").tobytes().decode())
+    with contextlib.ExitStack() as stack:
+        if is_url(path):
+            fs, key = url_fs(path)
+            source: Any = (io.BytesIO(fs.cat_file(key)) if arrays
+                           else stack.enter_context(fs.open(key, "rb")))
+        else:
+            source = stack.enter_context(open(path.removeprefix("file://"), "rb"))
+        head = source.read(4)
+        source.seek(0)
+        if head != b"PK\x03\x04":
+            # np.load would try it as a pickle and advise allow_pickle=True, which
+            # dkernel never uses (docs/design.md §1: never pickle)
+            raise ValueError(f"{path!r} is not a dkernel model or checkpoint: those are .npz "
+                             "archives written by 'dkernel fit --out' or save_model()")
+        try:
+            with np.load(source, allow_pickle=False) as z:
+                if "__meta__" not in z.files:
+                    raise ValueError("no metadata")
+                blob = z["__meta__"]
+                loaded = {k: z[k] for k in z.files if k != "__meta__"} if arrays else {}
+        except Exception as exc:
+            raise ValueError(f"{path!r} is not a dkernel file ({exc})") from None
+    meta = json.loads(blob.tobytes().decode())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a dkernel file (format {meta.get('format')!r})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{path!r} was written by a newer dkernel (format "
-                         f"{meta['format_version']}); upgrade dkernel")
-    return arrays, meta
+        raise NewerFormatError(f"{path!r} was written by a newer dkernel (format "
+                               f"{meta['format_version']}); upgrade dkernel")
+    return loaded, meta

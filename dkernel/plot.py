@@ -52,6 +52,20 @@ def _matplotlib() -> Any:
     return matplotlib
 
 
+def check_image_path(path: str | os.PathLike, flag: str = "path") -> None:
+    """Refuse an image path whose extension names no format matplotlib writes:
+    without one it wrote ``path + ".png"``, beside the path that was checked
+    for an existing file and reported."""
+    _matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
+    if suffix not in formats:
+        raise ValueError(f"{flag} {os.fspath(path)!r} needs an image extension that picks the "
+                         f"format: .png, .svg, .pdf or another of {', '.join(formats)}")
+
+
 def _model(model: Any) -> Any:
     if isinstance(model, (str, os.PathLike)):
         from dkernel.io import load_model
@@ -239,6 +253,8 @@ def plot_model(model: Any, path: str | os.PathLike | None = None, *, dpi: int = 
     _matplotlib()
     from matplotlib.figure import Figure
 
+    if path is not None:
+        check_image_path(path)
     model = _model(model)
     panels = [
         p

@@ -173,13 +173,17 @@ def test_python_api_fit_and_lazy_predict_on_external_cluster(external, store):
     assert model.coef_.shape == (256, 3)
 
 
-def test_a_client_that_is_not_the_default_runs_the_whole_fit(external, store):
+def test_a_client_that_is_not_the_default_runs_the_whole_fit(external, store, tmp_path):
     # a process whose only client was made with set_as_default=False: the fit's
     # thread that passes over y beside the sample read waited through
-    # distributed.wait, which asks for the default client ("No clients found")
+    # distributed.wait, and make_store's writes through as_completed, both of
+    # which ask for the default client ("No clients found")
+    made = str(tmp_path / "made.zarr")
     script = (f"from distributed import Client\n"
               f"from dkernel import DSGClassifier\n"
+              f"from dkernel.datasets import make_store\n"
               f"with Client({str(external)!r}, set_as_default=False) as c:\n"
+              f"    make_store({made!r}, 1000, 3, chunk_rows=250, client=c)\n"
               f"    m = DSGClassifier(**{FIT!r}, client=c).fit({str(store)!r})\n"
               f"    print(m.score({str(store)!r}))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

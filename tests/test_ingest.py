@@ -195,12 +195,18 @@ def test_csv_without_header_defaults_to_last_column_target_or_none(tmp_path):
 def test_a_first_line_mixing_numbers_and_gaps_is_refused_not_taken_for_a_header(tmp_path):
     # ",2,0" (a data row with a missing value) was read as a header and dropped
     (tmp_path / "g.csv").write_text(",2,0\n1,2,1\n3,4,0\n")
-    with pytest.raises(IngestError, match=r"line 1 mixes numbers.*--header or --no-header"):
-        ingest_csv(tmp_path / "g.csv", tmp_path / "g.zarr")
-    assert not (tmp_path / "g.zarr").exists()
-    # said explicitly, a mixed first line is a header (a column named "2")
+    for first in (",2,0", "1,?,0", "1,NA,0"):
+        (tmp_path / "g.csv").write_text(f"{first}\n1,2,1\n3,4,0\n")
+        with pytest.raises(IngestError, match=r"line 1 is numbers with missing values.*--header"):
+            ingest_csv(tmp_path / "g.csv", tmp_path / "g.zarr")
+        assert not (tmp_path / "g.zarr").exists()
+    # said explicitly, such a line is a header (columns named "1", "NA", "0")
     _, X, y = read_store(ingest_csv(tmp_path / "g.csv", tmp_path / "h.zarr", header=True))
     np.testing.assert_array_equal(X, [[1, 2], [3, 4]])
+    # pandas' header of unnamed columns mixes numbers and names: still a header
+    (tmp_path / "p.csv").write_text("0,1,y\n1,2,1\n3,4,0\n")
+    g, X, y = read_store(ingest_csv(tmp_path / "p.csv", tmp_path / "p.zarr"))
+    assert g.attrs["columns"] == ["0", "1"] and y.tolist() == [1, 0]
 
 
 def test_csv_gzip_whitespace_delimited_is_read(tmp_path):

@@ -279,12 +279,30 @@ def test_a_fingerprint_that_differs_by_rounding_still_resumes(tmp_path):
 
     path = tmp_path / "c.npz"
     saved = {"solver": "dsg", "step_size": 628.4754452533532,
-             "preconditioner": [38, 1.0, 12.345678]}
+             "preconditioner": [38, 1.0, 12.345678], "encoding": ["regression", [], [0.5000001]]}
     Checkpointer(path, 1, saved).save({"coef": np.ones(3)}, 4)
     near = {**saved, "step_size": 628.4762162636853, "preconditioner": [38, 1.0, 12.345679]}
     state, step = Checkpointer(path, 1, near).load()
     assert step == 4 and np.array_equal(state["coef"], np.ones(3))
     for other in ({**saved, "step_size": 700.0}, {**saved, "preconditioner": [39, 1.0, 12.3]},
-                  {**saved, "solver": "eigenpro"}):
+                  {**saved, "solver": "eigenpro"},
+                  # the data's own numbers (y's mean) stay exact
+                  {**saved, "encoding": ["regression", [], [0.5]]}):
         with pytest.raises(ValueError, match="belongs to a different fit"):
             Checkpointer(path, 1, other).load()
+
+
+def test_is_checkpoint_reads_the_metadata_and_names_a_newer_format(tmp_path):
+    from dkernel.engine.checkpoint import Checkpointer, is_checkpoint
+    from dkernel.files import NewerFormatError, read_npz_meta
+
+    ckpt, model, text = tmp_path / "c.npz", tmp_path / "m.npz", tmp_path / "t.txt"
+    Checkpointer(ckpt, 1, {"solver": "dsg"}).save({"coef": np.ones(3)}, 2)
+    write_npz_atomic(model, {"coef": np.ones(3)}, {"kind": "model"})
+    text.write_text("not a checkpoint\n")
+    assert is_checkpoint(ckpt) and not is_checkpoint(model) and not is_checkpoint(text)
+    assert read_npz_meta(ckpt)["step"] == 2
+    newer = tmp_path / "newer.npz"
+    write_npz_atomic(newer, {}, {"kind": "checkpoint", "format_version": 10**6})
+    with pytest.raises(NewerFormatError, match="newer dkernel"):
+        is_checkpoint(newer)

@@ -53,6 +53,11 @@ def test_a_fit_no_better_than_the_mean_of_y_warns_with_the_fix(client):
         SphereRegressor(client=client).fit(X, y)
     with pytest.warns(FitQualityWarning, match=r"no better than predicting the mean.*y - mean"):
         SphereRegressor(client=client).fit(_chunked(X, 250), _chunked(y + 1000, 250))
+    # an error that overflowed is None in the history: a warning, not a TypeError
+    from dkernel.estimators.sphere import _warn_if_no_better_than_the_mean
+
+    with pytest.warns(FitQualityWarning, match="error inf is no better"):
+        _warn_if_no_better_than_the_mean(None, 1e3, 1.0)
 
 
 def test_multi_output_is_one_vs_rest_on_shared_kernel_work(client):

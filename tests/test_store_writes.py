@@ -95,3 +95,19 @@ def test_overwrite_replaces_a_store_or_an_empty_folder_and_nothing_else(tmp_path
         write_store(path, X[:50], y[:50], overwrite=True)
         assert main(["info", str(path), "--json"]) == 0
         assert '"n_rows": 50' in capsys.readouterr().out
+
+
+def test_overwrite_of_an_object_store_prefix_replaces_only_a_store():
+    # the prefix is removed recursively: a prefix of other objects is refused,
+    # and what an interrupted copy of a store left (its arrays' metadata
+    # without the group's, which is copied last) is replaced
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    X, y = make_blobs_classification(40, 3)
+    fs.pipe_file("/overwrite/other/notes.txt", b"keep")
+    with pytest.raises(FileExistsError, match="holds something other than a zarr store"):
+        write_store("memory://overwrite/other", X, y, overwrite=True)
+    assert fs.cat_file("/overwrite/other/notes.txt") == b"keep"
+    fs.pipe_file("/overwrite/left/X/zarr.json", b"{}")
+    assert write_store("memory://overwrite/left", X, y, overwrite=True) == "memory://overwrite/left"
+    assert fs.exists("/overwrite/left/zarr.json")

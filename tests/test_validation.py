@@ -52,6 +52,24 @@ def test_mismatched_rows_name_both_counts(Xy):
         DSGClassifier().fit(X, y[:-1])
 
 
+@pytest.mark.parametrize("make", [lambda: DSGRegressor(n_features=64, n_epochs=1),
+                                  lambda: EigenProClassifier(n_epochs=1)],
+                         ids=["dsg", "eigenpro"])
+def test_lazy_input_of_unknown_chunk_sizes_is_scored_and_checked(Xy, make):
+    # a boolean-masked dask X has NaN chunk sizes: the row checks must not
+    # need them (len() and int(NaN) raised before scoring)
+    X, y = Xy
+    model = make().fit(X, y)
+    keep = da.from_array(np.ones(len(y), bool), chunks=100)
+    Xm, ym = da.from_array(X, chunks=100)[keep], da.from_array(y, chunks=100)[keep]
+    assert np.isnan(Xm.chunks[0][0])
+    assert model.score(Xm, ym) == pytest.approx(model.score(X, y), abs=1e-6)
+    bad = X.copy()
+    bad[150, 1] = np.nan
+    with pytest.raises(ValueError, match="of a chunk \\(first bad row: its row 50\\)"):
+        model.predict(da.from_array(bad, chunks=100)[keep]).compute()
+
+
 def test_score_with_targets_of_other_rows_names_both_counts(Xy):
     # numpy said "operands could not be broadcast together with shapes (297,) (300,)"
     X, y = Xy

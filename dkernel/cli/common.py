@@ -147,13 +147,15 @@ def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = 
 
 def _check_model_replaceable(path: str, flag: str) -> None:
     """Refuse ``--overwrite`` of an existing file that is not a dkernel model."""
-    from dkernel.files import file_exists, read_npz
+    from dkernel.files import NewerFormatError, file_exists, read_npz_meta
 
     if not file_exists(path):
         return
     try:
-        kind = read_npz(path)[1].get("kind")
-    except (OSError, ValueError):
+        kind = read_npz_meta(path).get("kind")
+    except NewerFormatError:
+        raise
+    except ValueError:  # not a dkernel file (an unreadable one says so itself)
         kind = None
     if kind != "model":
         raise FileExistsError(f"{flag} {path!r} exists and is not a dkernel model file; "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from dkernel.cli.common import add_command, add_output_args, check_output, status
 
@@ -23,20 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-#: matplotlib's file formats (``FigureCanvasBase.get_supported_filetypes``).
-_FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif",
-            "tiff", "webp")
-
-
 def run(args: argparse.Namespace) -> int:
-    from dkernel.plot import plot_model
+    from dkernel.plot import check_image_path, plot_model
 
-    suffix = os.path.splitext(args.out)[1].lstrip(".").lower()
-    if suffix not in _FORMATS:
-        # without one matplotlib wrote OUT.png, beside the path that was checked
-        # and reported (an existing OUT.png was replaced without --overwrite)
-        raise ValueError(f"--out {args.out!r} needs an image extension that picks the format: "
-                         f".png, .svg, .pdf (or {', '.join('.' + f for f in _FORMATS[:4])}, ...)")
+    check_image_path(args.out, "--out")  # before the existence check, which needs the real name
     check_output(args.out, args.overwrite)
     plot_model(args.model, args.out, dpi=args.dpi)
     status(args, f"wrote {args.out}")

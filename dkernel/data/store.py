@@ -105,6 +105,14 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
 _GROUP_METADATA = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
 
 
+def _holds_zarr(fs: Any, root: str) -> bool:
+    """Whether the object-store prefix ``root`` is a zarr store, or what an
+    interrupted copy of one left: its arrays' metadata without the group's,
+    which is copied last."""
+    names = ("zarr.json", ".zarray") + _GROUP_METADATA
+    return any(key.rpartition("/")[2] in names for key in fs.find(root, maxdepth=2))
+
+
 def _atomic_object_store(url: str, overwrite: bool) -> Iterator[Any]:
     import fsspec
     import zarr
@@ -113,7 +121,7 @@ def _atomic_object_store(url: str, overwrite: bool) -> Iterator[Any]:
     root = root.rstrip("/")
     if fs.exists(root) and not overwrite:
         raise FileExistsError(f"{url!r} already exists; remove it or choose another output path")
-    if fs.exists(root) and not any(fs.exists(f"{root}/{key}") for key in _GROUP_METADATA):
+    if fs.exists(root) and not _holds_zarr(fs, root):
         # the prefix is removed recursively below: only an earlier store's
         raise FileExistsError(f"{url!r} holds something other than a zarr store; --overwrite "
                               "replaces only a store written before: remove it yourself or "
@@ -239,7 +247,8 @@ def run_writes(client: Any, work: Any, each: Any = None) -> Any:
     else:
         futures = client.compute(list(work) if many else [work])
     try:
-        for f in as_completed(futures):
+        # on this client's loop: as_completed would ask for the default client
+        for f in as_completed(futures, loop=client.loop):
             f.result()  # the first failure raises
             if each is not None:
                 each(f)

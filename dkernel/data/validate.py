@@ -19,9 +19,9 @@ def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
         if name == "y" and np.dtype(dtype).kind in "USO":
             # a classifier takes string labels in memory, where it encodes them itself
             raise TypeError(
-                f"y has dtype {dtype}: labels that are not numbers are taken in memory "
-                "(NumPy, a list, pandas); a dask or stored y must hold numbers: encode the "
-                "classes as integers (sklearn.preprocessing.LabelEncoder) or pass y in memory"
+                f"y has dtype {dtype}: a classifier takes labels that are not numbers in "
+                "memory (NumPy, a list, pandas); a dask or stored y must hold numbers: encode "
+                "the classes as integers (sklearn.preprocessing.LabelEncoder) or pass y in memory"
             )
         raise TypeError(
             f"{name} has dtype {dtype}, which is not real numeric; convert it to "
@@ -29,9 +29,11 @@ def check_numeric_dtype(dtype: np.dtype, name: str) -> None:
         )
 
 
-def check_finite_chunk(block: Any, name: str, row_offset: int, action: str = "fitting") -> None:
+def check_finite_chunk(block: Any, name: str, row_offset: int | None,
+                       action: str = "fitting") -> None:
     """Raise if a chunk holds NaN or infinity, naming the first bad global row
-    (the message ends "drop or impute those rows before ``action``")."""
+    (the message ends "drop or impute those rows before ``action``"); with
+    ``row_offset`` None (rows of unknown count before it) the row within the chunk."""
     xp = namespace(block)
     if block.dtype.kind != "f":
         return
@@ -39,9 +41,11 @@ def check_finite_chunk(block: Any, name: str, row_offset: int, action: str = "fi
     if finite.all():
         return
     rows = to_numpy(~finite.reshape(block.shape[0], -1).all(axis=1)).nonzero()[0]
+    where = (f"the chunk starting at row {row_offset} (first bad row: "
+             f"{row_offset + int(rows[0])})" if row_offset is not None else
+             f"a chunk (first bad row: its row {int(rows[0])})")
     raise ValueError(
-        f"{name} contains NaN or infinity in {rows.size} row(s) of the chunk starting at "
-        f"row {row_offset} (first bad row: {row_offset + int(rows[0])}); "
+        f"{name} contains NaN or infinity in {rows.size} row(s) of {where}; "
         f"drop or impute those rows before {action}"
     )
 

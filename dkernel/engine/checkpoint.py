@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine._probe import package_versions
-from dkernel.files import file_exists, read_npz, write_npz_atomic
+from dkernel.files import (
+    NewerFormatError,
+    file_exists,
+    read_npz,
+    read_npz_meta,
+    write_npz_atomic,
+)
 
 #: What a checkpoint or model file records as the software that wrote it
 #: (``dkernel info`` shows it).
@@ -34,18 +40,24 @@ def split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str,
     return arrays, scalars
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Fingerprint values equal, floats to 1e-5 relative: a step size derived
-    from a float32 eigensolve on the client came out 1.2e-6 apart in a process
-    that also hosts the scheduler (628.47545 against 628.47622), and the resume
-    of such a fit in the other kind of process was refused."""
-    if isinstance(a, float) or isinstance(b, float):
+#: Fingerprint entries a fit computes (an eigensolve, the median heuristic)
+#: rather than takes from its settings or data: their floats may differ in
+#: the last digits between processes.  A step size derived from a float32
+#: eigensolve on the client came out 1.2e-6 apart in a process that also
+#: hosts the scheduler (628.47545 against 628.47622), and the resume of such
+#: a fit in the other kind of process was refused.
+_SOLVED = frozenset({"step_size", "preconditioner", "eta", "bandwidth", "features"})
+
+
+def _same(a: Any, b: Any, tolerant: bool = False) -> bool:
+    """Fingerprint values equal; with ``tolerant`` their floats to 1e-5 relative."""
+    if tolerant and (isinstance(a, float) or isinstance(b, float)):
         return (isinstance(a, (int, float)) and isinstance(b, (int, float))
                 and math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-12))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k], tolerant) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, tolerant) for x, y in zip(a, b))
     return a == b
 
 
@@ -53,8 +65,10 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a checkpoint written by :class:`Checkpointer` (a
     model, data or any other file does not)."""
     try:
-        return read_npz(path)[1].get("kind") == "checkpoint"
-    except (OSError, ValueError):
+        return read_npz_meta(path).get("kind") == "checkpoint"
+    except NewerFormatError:
+        raise  # a dkernel file all the same: say so, not "not a checkpoint"
+    except (FileNotFoundError, ValueError):  # (an unreadable file or bucket says so itself)
         return False
 
 
@@ -84,7 +98,7 @@ class Checkpointer:
             raise ValueError(f"{self.path!r} is not a checkpoint")
         old = meta["fingerprint"]
         diff = sorted(k for k in set(old) | set(self.fingerprint)
-                      if not _same(old.get(k), self.fingerprint.get(k)))
+                      if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED))
         if diff:
             raise ValueError(
                 f"checkpoint {self.path!r} belongs to a different fit (differs in: "

@@ -389,8 +389,12 @@ def score_targets(X: Any, y: Any) -> tuple[Any, Any]:
 def check_same_rows(a: Any, b: Any, a_name: str = "y", b_name: str = "X") -> None:
     """Refuse ``a`` and ``b`` of different known row counts, naming both (numpy's
     own message was "operands could not be broadcast together")."""
-    n_a, n_b = (getattr(v, "shape", (len(v),))[0] if getattr(v, "ndim", 1) else 1
-                for v in (a, b))
+    def rows(v: Any) -> float:
+        shape = getattr(v, "shape", None)
+        if shape is None:
+            return len(v)
+        return shape[0] if len(shape) else 1  # (a dask array of unknown chunks: NaN)
+    n_a, n_b = rows(a), rows(b)
     if not (math.isnan(n_a) or math.isnan(n_b)) and n_a != n_b:
         raise ValueError(f"{a_name} has {n_a} rows but {b_name} has {n_b}; "
                          f"pass the {a_name} of {b_name}'s rows")
@@ -403,11 +407,13 @@ def _as_targets(y: Any, p: Any) -> Any:
     check_same_rows(y, p)
     if y.ndim == 2 and y.shape[1] == 1 and p.ndim == 1:
         y = y[:, 0]
+    if y.ndim not in (1, 2):
+        raise ValueError(f"y has shape {y.shape}; score takes 1-D targets, or 2-D with one "
+                         "column per output")
     outputs = [1 if a.ndim == 1 else a.shape[1] for a in (y, p)]
-    if y.ndim not in (1, 2) or outputs[0] != outputs[1]:
-        raise ValueError(f"y has {outputs[0] if y.ndim in (1, 2) else y.shape} column(s) but the "
-                         f"model predicts {outputs[1]} output(s); score it on targets of the "
-                         "outputs it was fitted on")
+    if outputs[0] != outputs[1]:
+        raise ValueError(f"y has {outputs[0]} column(s) but the model predicts {outputs[1]} "
+                         "output(s); score it on targets of the outputs it was fitted on")
     return y
 
 
@@ -558,7 +564,8 @@ def graph_value(value: dict) -> Any:
 
 def _finite_then(fn: Callable[[Any], Any], Xb: Any, block_info: dict | None = None) -> Any:
     start = block_info[0]["array-location"][0][0] if block_info else 0
-    check_finite_chunk(Xb, "X", int(start), "predicting")
+    # rows of unknown count (a boolean-masked dask X) have no global number
+    check_finite_chunk(Xb, "X", None if math.isnan(start) else int(start), "predicting")
     return fn(Xb)
 
 

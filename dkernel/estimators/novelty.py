@@ -50,7 +50,9 @@ class DSGOneClassSVM(PoolEstimator):
     coef_ : ndarray (n_features_,)
         Weights w of f = z^T w (the averaged iterate).
     offset_ : float
-        tau, the averaged offset: ``decision_function = score_samples - offset_``.
+        tau: ``decision_function = score_samples - offset_``; the averaged
+        SGD offset, or the sample's nu-quantile of f where
+        ``offset_calibrated_``.
     offset_calibrated_ : bool
     sgd_offset_ : float
         True when the SGD offset disagreed with the nu-property on the fit's

@@ -223,20 +223,22 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
             self.dual_coef_ = averaged_kernel_coefficients(self.alpha_, self.n_steps_)
 
 
-def _warn_if_no_better_than_the_mean(loss: float, mean: Any, var: Any) -> None:
+def _warn_if_no_better_than_the_mean(loss: float | None, mean: Any, var: Any) -> None:
     """FitQualityWarning when the last pass's test-then-train squared error is
     no better than predicting y's mean.  The iterate starts at f = 0 and takes
     a constant part of y as slowly as any other: y + 1000 on 1000 rows of
     S^2 ended at R^2 -5 where y scored 0.87, silently, before this check."""
     mean = np.atleast_1d(np.asarray(mean, dtype=np.float64))
     var = float(np.mean(np.atleast_1d(np.asarray(var, dtype=np.float64))))
-    if not loss < var:
+    # (an error that overflowed is None in the history: no better either)
+    if loss is None or not loss < var:
         hint = ("y's mean is large against its spread, and the iterate learns a constant as "
                 "slowly as the rest: fit y - mean(y) and add the mean back to the predictions"
                 if float(np.mean(mean**2)) > var else
                 "raise eta0 or n_epochs, or check input_map and scale")
+        error = float("inf") if loss is None else loss
         warnings.warn(f"SphereRegressor: the last pass's test-then-train squared error "
-                      f"{loss:.4g} is no better than predicting the mean of y (variance "
+                      f"{error:.4g} is no better than predicting the mean of y (variance "
                       f"{var:.4g}); {hint}", FitQualityWarning, stacklevel=3)
 
 

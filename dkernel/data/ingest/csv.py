@@ -56,9 +56,9 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
         index; the last column by default; None stores no ``y``.
     header : bool, optional
         Whether the first line names the columns.  Default: detected (a first
-        line with no number is a header, one of numbers only is data, and one
-        that mixes them is refused: a data row with a missing value is not a
-        header).
+        line with a field that is not a number is a header, unless those
+        fields are all missing values such as "" or "?": such a line is
+        refused, since it reads as a data row with gaps).
     delimiter : str or None, default "auto"
         Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
         else whitespace; None means runs of whitespace.
@@ -148,17 +148,21 @@ def _first_row(path: str, header: bool | None,
         delimiter = next((d for d in (",", "\t", ";") if d in first[1]), None)
     fields = _split(first[1], delimiter)
     if header is None:
-        numbers = sum(_is_number(v) for v in fields)
-        if 0 < numbers < len(fields):
-            # a data row with a missing or "?" value read as a header: that row was
-            # dropped without a word
+        names = [v for v in fields if not _is_number(v)]
+        if names and len(names) < len(fields) and all(v.lower() in _MISSING for v in names):
+            # a data row with a missing value was read as a header, and dropped
+            # without a word
             raise IngestError(
-                f"{path}: line {first[0]} mixes numbers with other fields "
+                f"{path}: line {first[0]} is numbers with missing values "
                 f"({', '.join(map(repr, fields[:6]))}{', ...' if len(fields) > 6 else ''}), "
-                "so it is neither clearly a header nor "
-                "clearly data; pass --header or --no-header (header=True / False)")
-        header = numbers == 0
+                "not column names; impute them, or pass --header or --no-header "
+                "(header=True / False) to say what the line is")
+        header = bool(names)
     return first[0], delimiter, fields, header
+
+
+#: Fields that stand for a missing value, not a column name.
+_MISSING = ("", "?", "na", "n/a", "null", "none", "-", ".")
 
 
 def _split(line: str, delimiter: str | None) -> list[str]:

@@ -6,6 +6,7 @@ or random features (EigenPro-RF, Table 1, :mod:`.features`)."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -129,9 +130,10 @@ class _EigenProBase(BaseEstimator):
                 X = X.rechunk({1: -1})
             given, X = X.chunks[0], balanced_rows(X)
             spec_d = graph_value(spec)
-            starts = np.cumsum((0,) + X.chunks[0][:-1])
-            parts = [da.from_delayed(dask.delayed(checked_predict_block)(b, spec_d, int(start)),
-                                     shape=(rows, c), dtype=np.float32)
+            starts = np.cumsum((0,) + X.chunks[0][:-1])  # NaN past a block of unknown rows
+            parts = [da.from_delayed(dask.delayed(checked_predict_block)(
+                         b, spec_d, None if math.isnan(start) else int(start)),
+                         shape=(rows, c), dtype=np.float32)
                      for b, rows, start in zip(X.to_delayed().ravel(), X.chunks[0], starts)]
             f = da.concatenate(parts, axis=0)
             if f.chunks[0] != given:  # the input's chunks

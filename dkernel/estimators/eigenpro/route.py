@@ -56,7 +56,7 @@ class Route:
         return evaluate
 
 
-def checked_predict_block(X: Any, spec: dict, start: int) -> Any:
+def checked_predict_block(X: Any, spec: dict, start: int | None) -> Any:
     """:func:`predict_block` of a lazy input's block that starts at row ``start``,
     refused with that row's number if it holds NaN or infinity (as
     :func:`dkernel.estimators.base.apply_rows` does): the kernel of a NaN row
