@@ -54,14 +54,14 @@ class DSGOneClassSVM(PoolEstimator):
         SGD offset, or the sample's nu-quantile of f where
         ``offset_calibrated_``.
     offset_calibrated_ : bool
-    sgd_offset_ : float
         True when the SGD offset disagreed with the nu-property on the fit's
         sample of training rows (the share of them below it further from nu
         than sampling explains) and ``offset_`` is that sample's nu-quantile
-        of f instead (``sgd_offset_`` keeps the SGD's).  Few steps leave the
-        offset behind: it rises by
+        of f instead.  Few steps leave the offset behind: it rises by
         gamma * nu a step, so at nu = 0.05 the 20 steps of a 2000-row fit at
         the defaults left 0 of the rows below it where 5% belong.
+    sgd_offset_ : float
+        The averaged SGD offset, whether or not ``offset_`` is calibrated.
     step_size_, step_decay_ : float
     lanes_, batch_size_, local_steps_ : int
         The resolved widths (the model depends on them; saved with it).
