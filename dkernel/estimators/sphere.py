@@ -227,7 +227,8 @@ def _warn_if_no_better_than_the_mean(loss: float | None, mean: Any, var: Any) ->
     """FitQualityWarning when the last pass's test-then-train squared error is
     no better than predicting y's mean.  The iterate starts at f = 0 and takes
     a constant part of y as slowly as any other: y + 1000 on 1000 rows of
-    S^2 ended at R^2 -5 where y scored 0.87, silently, before this check."""
+    S^2 ended at held-out R^2 -5.4 where y scored 0.97, silently, before
+    this check.  (The moments cost one more pass, over y alone.)"""
     mean = np.atleast_1d(np.asarray(mean, dtype=np.float64))
     var = float(np.mean(np.atleast_1d(np.asarray(var, dtype=np.float64))))
     # (an error that overflowed is None in the history: no better either)
