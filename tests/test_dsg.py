@@ -338,7 +338,7 @@ def test_score_follows_scikit_learn_on_multi_output_and_on_targets_that_are_not_
 
 def test_a_score_says_whether_y_or_the_predictions_are_not_finite():
     # a diverged model's NaN predictions were reported as "y contains NaN"
-    from dkernel.estimators.base import r2_score_any
+    from dkernel.estimators.scoring import r2_score_any
 
     y = np.array([1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="predictions contain NaN"):

@@ -104,7 +104,7 @@ def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
         pred = model.predict(X)
         acc = (pred == y.reshape(-1)).mean()
         return {"accuracy": float(da.compute(acc)[0])}
-    from dkernel.estimators.base import r2_from_sums, r2_sums
+    from dkernel.estimators.scoring import r2_from_sums, r2_sums
 
     pred = model.predict(X)
     yv = y.astype(np.float64)  # r2_sums checks its rows and outputs against pred's

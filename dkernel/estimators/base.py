@@ -19,7 +19,7 @@ import scipy.sparse
 import sklearn.base
 from sklearn.exceptions import NotFittedError  # what every estimator raises before fit
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
@@ -371,125 +371,6 @@ def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = Tru
         return validate_data(est, X, reset=False, accept_sparse=False, dtype=_FLOAT_DTYPES,
                              ensure_all_finite=finite)
     return check_predict_input(X, est.n_features_in_, name)
-
-
-def score_targets(X: Any, y: Any) -> tuple[Any, Any]:
-    """(X, y) for score: y may be omitted when X is a store path holding ``y``."""
-    if y is not None:
-        return X, y
-    if isinstance(X, (str, os.PathLike)):
-        data = open_dataset(X)
-        if data.y is None:
-            raise ValueError(f"score needs targets: pass y, or use a store with an array 'y' "
-                             f"({os.fspath(X)})")
-        return data.X, data.y
-    raise ValueError("score needs targets y (or a store path whose array 'y' holds them)")
-
-
-def check_same_rows(a: Any, b: Any, a_name: str = "y", b_name: str = "X") -> None:
-    """Refuse ``a`` and ``b`` of different known row counts, naming both (numpy's
-    own message was "operands could not be broadcast together")."""
-    def rows(v: Any) -> float:
-        shape = getattr(v, "shape", None)
-        if shape is None:
-            return len(v)
-        return shape[0] if len(shape) else 1  # (a dask array of unknown chunks: NaN)
-    n_a, n_b = rows(a), rows(b)
-    if not (math.isnan(n_a) or math.isnan(n_b)) and n_a != n_b:
-        raise ValueError(f"{a_name} has {n_a} rows but {b_name} has {n_b}; "
-                         f"pass the {a_name} of {b_name}'s rows")
-
-
-def _as_targets(y: Any, p: Any) -> Any:
-    """y as an array shaped like the prediction p (dask stays lazy)."""
-    if not isinstance(y, da.Array):
-        y = np.asarray(y)
-    check_same_rows(y, p)
-    if y.ndim == 2 and y.shape[1] == 1 and p.ndim == 1:
-        y = y[:, 0]
-    if y.ndim not in (1, 2):
-        raise ValueError(f"y has shape {y.shape}; score takes 1-D targets, or 2-D with one "
-                         "column per output")
-    outputs = [1 if a.ndim == 1 else a.shape[1] for a in (y, p)]
-    if outputs[0] != outputs[1]:
-        raise ValueError(f"y has {outputs[0]} column(s) but the model predicts {outputs[1]} "
-                         "output(s); score it on targets of the outputs it was fitted on")
-    return y
-
-
-def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(SS_res, SS_tot) of each output, in one pass for lazy inputs (reduced on
-    the cluster); a non-finite sum stops with the input it came from named."""
-    y = _as_targets(y, p).astype(np.float64)
-    ss_res = ((y - p) ** 2).sum(axis=0)
-    ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
-    if isinstance(ss_res, da.Array):
-        ss_res, ss_tot = da.compute(ss_res, ss_tot)
-    ss_res, ss_tot = np.atleast_1d(ss_res), np.atleast_1d(ss_tot)
-    if not np.isfinite(ss_tot).all():
-        raise ValueError("y contains NaN or infinity (or its values overflow float64); drop "
-                         "those rows before scoring")
-    if not np.isfinite(ss_res).all():
-        raise ValueError("the predictions contain NaN or infinity (or overflow float64 against "
-                         "y): the model is not usable; refit it (its step_backoffs_ and "
-                         "history_ show whether the fit diverged)")
-    return ss_res, ss_tot
-
-
-def r2_score_any(y: Any, p: Any) -> float:
-    """R^2 = 1 - SS_res / SS_tot of each output, averaged over the outputs as
-    scikit-learn's ``r2_score`` (``RegressorMixin.score``) does, a constant
-    output scoring 1 when predicted exactly and 0 otherwise; lazy inputs are
-    reduced on the cluster."""
-    return r2_from_sums(*r2_sums(y, p))
-
-
-def r2_from_sums(ss_res: np.ndarray, ss_tot: np.ndarray) -> float:
-    """R^2 averaged over outputs from :func:`r2_sums`."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r2 = np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.where(ss_res == 0, 1.0, 0.0))
-    return float(np.mean(r2))
-
-
-def accuracy_any(y: Any, p: Any, classes: Any = None) -> float:
-    """Mean accuracy; lazy inputs are reduced on the cluster.  With the model's
-    ``classes``, targets that cannot be its labels are refused as scikit-learn's
-    metrics refuse them (continuous values, or strings against numeric classes
-    and the reverse) instead of scoring 0."""
-    y = _as_targets(y, p).reshape(-1)
-    if classes is not None:
-        _check_score_labels(y, np.asarray(classes))
-    acc = (p == y).mean()
-    if not isinstance(acc, da.Array):
-        return float(acc)
-    if classes is None or y.dtype.kind != "f":
-        return float(acc.compute())
-    # a lazy y is checked in the same pass: NaN, infinity or a fraction outside
-    # the classes only ever counted as a wrong prediction (NaN rows scored 0.37)
-    odd = (~da.isin(y, np.asarray(classes)) & ((y != da.floor(y)) | ~da.isfinite(y))).sum()
-    acc, odd = da.compute(acc, odd)
-    if odd:
-        raise ValueError(
-            f"y holds {int(odd)} value(s) that are no label (NaN, infinity, or fractions outside "
-            f"the classes {np.asarray(classes).tolist()[:10]}); drop those rows, or score "
-            "a continuous target with a regressor")
-    return float(acc)
-
-
-def _check_score_labels(y: Any, classes: np.ndarray) -> None:
-    numeric = classes.dtype.kind in "iufb"
-    if numeric != (y.dtype.kind in "iufb"):
-        raise ValueError(
-            f"y holds {y.dtype} values but the classifier's classes are {classes.tolist()[:10]}; "
-            "score it on targets of the same kind as its labels")
-    if isinstance(y, da.Array) or type_of_target(y) not in ("continuous", "continuous-multioutput"):
-        return
-    outside = ~np.isin(y, classes)
-    if outside.any():
-        raise ValueError(
-            f"y is continuous ({int(outside.sum())} value(s) such as {y[outside][0]!r} are not "
-            f"among the classes {classes.tolist()[:10]}); a classifier is scored on its labels "
-            "(a continuous target needs a regressor)")
 
 
 def binary_margin(f: Any) -> Any:

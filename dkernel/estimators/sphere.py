@@ -17,12 +17,11 @@ from dkernel.engine.stall import result
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
-    r2_score_any,
-    score_targets,
     validate_predict_input,
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import clean_entry, history_meta, set_history
+from dkernel.estimators.scoring import r2_score_any, score_targets
 from dkernel.estimators.spec import documented
 from dkernel.kernels.zonal import ZonalFeatures
 from dkernel.solvers.sphere import (

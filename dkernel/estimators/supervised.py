@@ -13,14 +13,12 @@ import numpy as np
 from dkernel.data.dataset import Dataset
 from dkernel.engine.stall import result
 from dkernel.estimators.base import (
-    accuracy_any,
     binary_margin,
     discover_classes,
     labels_for_file,
-    r2_score_any,
-    score_targets,
     validate_predict_input,
 )
+from dkernel.estimators.scoring import accuracy_any, r2_score_any, score_targets
 from dkernel.solvers.targets import TargetEncoding
 
 

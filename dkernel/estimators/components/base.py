@@ -22,13 +22,12 @@ from dkernel.estimators.base import (
     apply_rows,
     check_not_sparse,
     check_predict_input,
-    check_same_rows,
     is_in_memory,
-    score_targets,
     validate_predict_input,
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.scoring import check_same_rows, score_targets
 from dkernel.estimators.spec import params_of
 from dkernel.features import FeatureMap
 from dkernel.kernels.exact import kernel_matrix
