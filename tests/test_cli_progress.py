@@ -146,3 +146,28 @@ def test_ctrl_c_prints_one_line_and_leaves_a_checkpoint_to_resume(store, tmp_pat
                            timeout=60)
     assert rerun.returncode == 1 and "pass --resume to continue it" in rerun.stderr
 
+
+
+def test_sigterm_removes_the_half_written_store_and_says_terminated(tmp_path):
+    """SIGTERM (``timeout``, Slurm, Kubernetes) unwinds as Ctrl-C does: the
+    ingest's temporary store was left behind, half written, and never removed."""
+    src, out = tmp_path / "big.csv", tmp_path / "big.zarr"
+    rng = np.random.default_rng(0)
+    np.savetxt(src, rng.normal(size=(400_000, 8)), delimiter=",", fmt="%.6f")
+    proc = subprocess.Popen([sys.executable, "-m", "dkernel", "ingest", str(src), "--out",
+                             str(out), "--chunk-rows", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith(".big.zarr.tmp-") for p in tmp_path.iterdir()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no temporary store within 60 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr.endswith("dkernel: terminated\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.csv"]

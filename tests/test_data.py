@@ -77,3 +77,13 @@ def test_existing_store_is_not_overwritten_by_default(tmp_path):
     path = write_store(tmp_path / "s.zarr", np.ones((4, 2)))
     with pytest.raises(FileExistsError, match="already exists"):
         write_store(path, np.ones((4, 2)))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5])
+def test_synthetic_classes_need_no_more_inputs_than_classes(d):
+    # ``make-store --task classification --inputs 2`` stopped with numpy's
+    # "operands could not be broadcast"
+    from dkernel.datasets import make_blobs_classification
+
+    X, y = make_blobs_classification(300, d, n_classes=3)
+    assert X.shape == (300, d) and set(np.unique(y)) == {0, 1, 2}

@@ -209,6 +209,23 @@ def test_a_first_line_mixing_numbers_and_gaps_is_refused_not_taken_for_a_header(
     assert g.attrs["columns"] == ["0", "1"] and y.tolist() == [1, 0]
 
 
+def test_pandas_numbered_header_is_refused_and_a_byte_order_mark_is_no_header(tmp_path):
+    # DataFrame(array).to_csv(index=False) writes "0,1,2": stored as data it
+    # added a row and a label; Excel's UTF-8 CSV starts with a byte-order mark,
+    # which made the first data row a "header" that was dropped
+    (tmp_path / "n.csv").write_text("0,1,2\n1.5,2,0\n3,4,1\n")
+    with pytest.raises(IngestError, match=r"line 1 reads 0,1,2: column names 0..2 .*--header"):
+        ingest_csv(tmp_path / "n.csv", tmp_path / "n.zarr")
+    g, X, y = read_store(ingest_csv(tmp_path / "n.csv", tmp_path / "h.zarr", header=True))
+    assert X.shape == (2, 2) and g.attrs["columns"] == ["0", "1"]
+    (tmp_path / "b.csv").write_bytes(b"\xef\xbb\xbf1.5,2,0\n3,4,1\n5,6,2\n")
+    _, X, y = read_store(ingest_csv(tmp_path / "b.csv", tmp_path / "b.zarr"))
+    np.testing.assert_array_equal(X, [[1.5, 2], [3, 4], [5, 6]])
+    (tmp_path / "bh.csv").write_bytes(b"\xef\xbb\xbfa,b,y\n1.5,2,0\n")
+    g, X, y = read_store(ingest_csv(tmp_path / "bh.csv", tmp_path / "bh.zarr"))
+    assert g.attrs["columns"] == ["a", "b"] and y.tolist() == [0]
+
+
 def test_csv_gzip_whitespace_delimited_is_read(tmp_path):
     with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
         f.write("x1 x2  y\n 1  2  1\n3 4 0\n")

@@ -71,6 +71,34 @@ def test_parquet_single_file_through_ingest_and_the_cli(client, tmp_path, capsys
     assert "X 300 x 3 float32, y (300,) int64, 3 chunk(s) of 100 rows" in printed, printed
 
 
+def test_pandas_index_columns_are_dropped_and_numbered_parts_read_in_number_order(client,
+                                                                                tmp_path):
+    import pandas as pd
+
+    # a shuffled split keeps pandas' index, written as a last column
+    # "__index_level_0__": it was the default target, and the label a feature
+    X, y = _table(200, 2, 3)
+    df = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "label": y}).sample(frac=0.5, random_state=0)
+    df.to_parquet(tmp_path / "s.parquet")
+    g = zarr.open_group(ingest_parquet(tmp_path / "s.parquet", tmp_path / "s.zarr",
+                                       client=client), mode="r")
+    assert g.attrs["columns"] == ["a", "b"] and g.attrs["target"] == "label"
+    assert g.attrs["dropped_index_columns"] == ["__index_level_0__"]
+    np.testing.assert_array_equal(g["y"][:], df["label"].to_numpy())
+    # named, an index column is the target
+    g = zarr.open_group(ingest_parquet(tmp_path / "s.parquet", tmp_path / "i.zarr",
+                                       target="__index_level_0__", client=client), mode="r")
+    np.testing.assert_array_equal(g["y"][:], df.index.to_numpy())
+    # part.10 after part.9 (dask and Spark do not zero-pad part numbers)
+    os.makedirs(tmp_path / "parts")
+    for i, (Xi, yi) in enumerate(zip(np.array_split(X, 12), np.array_split(y, 12))):
+        pq.write_table(pa.table({"a": Xi[:, 0], "b": Xi[:, 1], "label": yi}),
+                       tmp_path / "parts" / f"part.{i}.parquet")
+    g = zarr.open_group(ingest_parquet(tmp_path / "parts", tmp_path / "p.zarr", client=client),
+                        mode="r")
+    np.testing.assert_array_equal(g["X"][:], X)
+
+
 def test_parquet_with_a_text_column_is_refused_naming_it_and_writes_nothing(client, tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"a": [1.0, 2.0], "city": ["x", "y"], "label": [0, 1]}), path)

@@ -15,6 +15,7 @@ from itertools import combinations
 
 import numpy as np
 import pytest
+import zarr
 from distributed import Client, LocalCluster
 
 from dkernel import DSGClassifier, DSGRegressor
@@ -97,6 +98,14 @@ def test_store_rewritten_at_the_same_path_is_never_served_old_cached_blocks(clie
     elsewhere = write_store(tmp_path / "copy.zarr", X_new, y, chunk_rows=CHUNK)
     reference = DSGClassifier(**kw, client=client).fit(elsewhere).coef_
     np.testing.assert_array_equal(rewritten, reference)
+    # chunks written in place leave the array's metadata file as it was
+    new_name = open_dataset(path).X.name
+    zarr.open_group(str(path), mode="r+")["X"][:] = X_old
+    assert open_dataset(path).X.name not in (new_name, old_name)
+    in_place = DSGClassifier(**kw, client=client).fit(str(path)).coef_
+    reference = DSGClassifier(**kw, client=client).fit(
+        write_store(tmp_path / "old.zarr", X_old, y, chunk_rows=CHUNK)).coef_
+    np.testing.assert_array_equal(in_place, reference)
 
 
 def test_a_running_fit_keeps_its_cached_blocks_while_another_fit_asks_for_room():

@@ -47,11 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``timeout``, Slurm and Kubernetes send): unwound as Ctrl-C
+    is, so temporary stores are removed and a resumable fit keeps its checkpoint."""
+
+
 def _interrupted(signum: int, frame: object) -> None:
     # Ctrl-C cuts short the client's pending gathers; as the client closes,
     # each would log "Task exception was never retrieved" under the one line
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    raise KeyboardInterrupt
+    raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
@@ -66,16 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _interrupted) if in_main else None
+    previous = ({sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+                if in_main else {})
     formatwarning = warnings.formatwarning
     if not args.debug:  # a printed warning is one line too, without Python's source lines
         warnings.formatwarning = _one_line_warning
     try:
         result = args.func(args)
         return int(result or 0)
-    except KeyboardInterrupt:
-        print("dkernel: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, _Terminated)
+        # zarr's writes cut short are collected at exit, each a warning under the line
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        print(f"dkernel: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except Exception as exc:  # one clear line for people; --debug for developers
         if args.debug:
             raise
@@ -84,5 +93,5 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.formatwarning = formatwarning
-        if in_main:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     h = p.add_mutually_exclusive_group()
     h.add_argument("--header", action="store_true", default=None,
                    help="csv: the first line names the columns (default: detected; a "
-                        "first line of numbers with empty or '?' fields is refused)")
+                        "first line of numbers with empty or '?' fields, or pandas' 0,1,...,k, "
+                        "is refused)")
     h.add_argument("--no-header", dest="header", action="store_false", default=None,
                    help="csv: the first line is data")
     p.add_argument("--delimiter", metavar="D",

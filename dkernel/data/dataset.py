@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,11 @@ def _open_zarr_group(url: str, storage_options: dict | None):
             "a store is a zarr group holding arrays 'X' and optionally 'y'") from None
 
 
+#: The fields of a file's record that change when it is rewritten.
+_STAMP_KEYS = ("mtime", "ino", "size", "ETag", "LastModified", "created", "generation",
+               "md5Hash")
+
+
 def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -> da.Array:
     """``group[name]`` as a dask array whose name changes when the array is
     rewritten.
@@ -92,32 +98,49 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
     only on its path and metadata, so a store rewritten at the same path with
     other data of the same shape kept its name, and a later fit on a
     long-lived cluster would read blocks computed from the old data.  The
-    modification record of the array's metadata key (mtime and inode of a
-    local file, ETag / LastModified of an object) is part of the name: a
-    rewrite (``dkernel ingest --overwrite``, :func:`write_store`) writes a
-    new metadata file, hence a new name.
+    modification records of the array's files (mtime, size and inode of a
+    local file, ETag / LastModified of an object) are part of the name: a
+    rewrite (``dkernel ingest --overwrite``, :func:`write_store`) or a chunk
+    written in place gives a new name.  Listing them costs one stat per chunk
+    (one LIST request per 1000 objects), against a fit that reads every chunk.
     """
     from dask.base import tokenize
 
     arr = group[name]
     stamp: Any = None
     try:
-        import fsspec
+        if "://" not in url:
+            stamp = _local_stamp(os.path.join(url, name))
+        else:
+            import fsspec
 
-        fs, root = fsspec.core.url_to_fs(url if "://" in url else os.path.abspath(url),
-                                         **(storage_options or {}))
-        for meta in ("zarr.json", ".zarray"):  # zarr v3, v2
-            key = f"{root.rstrip('/')}/{name}/{meta}"
-            if fs.exists(key):
-                info = fs.info(key)
-                stamp = sorted((k, str(v)) for k, v in info.items()
-                               if k in ("mtime", "ino", "size", "ETag", "LastModified",
-                                        "created", "generation", "md5Hash"))
-                break
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+            files = fs.find(f"{root.rstrip('/')}/{name}", detail=True)
+            stamp = hashlib.sha1(repr(sorted(
+                (key, sorted((k, str(v)) for k, v in info.items() if k in _STAMP_KEYS))
+                for key, info in files.items())).encode()).hexdigest()
     except (ImportError, OSError, ValueError):
         stamp = None  # no file system record: the path and metadata alone name it
     token = tokenize(url, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
     return da.from_zarr(arr, name=f"from-zarr-{token}")
+
+
+def _local_stamp(folder: str) -> tuple[int, int, int, int]:
+    """(files, bytes, newest mtime in ns, sum of inodes) of a local array's
+    files: a chunk written in place, or replaced by a rename, changes it
+    (about 15 us a file: 0.3 s for 20,000 chunks)."""
+    n = size = newest = inodes = 0
+    folders = [folder]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    folders.append(e.path)
+                    continue
+                st = e.stat()
+                n, size, inodes = n + 1, size + st.st_size, inodes + st.st_ino
+                newest = max(newest, st.st_mtime_ns)
+    return n, size, newest, inodes
 
 
 def _visible_on_workers(arr: da.Array, url: str) -> da.Array:

@@ -30,7 +30,8 @@ def make_blobs_classification(n: int, d: int = 10, n_classes: int = 3, random_st
     """
     A = np.random.default_rng([concept, 0xC0]).standard_normal((n_classes, d)) / np.sqrt(d)
     X = np.random.default_rng(random_state).standard_normal((n, d))
-    score = np.sin(2 * X @ A.T) + 0.5 * (X[:, : n_classes] ** 2 - 1)
+    # class j's quadratic term is on input j (inputs reused when d < n_classes)
+    score = np.sin(2 * X @ A.T) + 0.5 * (X[:, np.arange(n_classes) % d] ** 2 - 1)
     y = score.argmax(axis=1)
     return X.astype(dtype), y.astype(np.int64)
 

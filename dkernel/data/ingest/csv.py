@@ -25,6 +25,7 @@ from dkernel.data.ingest.common import (
     IngestError,
     PathLike,
     first_line,
+    is_gzip,
     open_bytes,
     store_params,
     target_column,
@@ -57,8 +58,9 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
     header : bool, optional
         Whether the first line names the columns.  Default: detected (a first
         line with a field that is not a number is a header, unless those
-        fields are all missing values such as "" or "?": such a line is
-        refused, since it reads as a data row with gaps).
+        fields are all missing values such as "" or "?", or the line is
+        ``0,1,...,k`` as pandas numbers unnamed columns: such a line could be
+        data or names, and is refused).  A UTF-8 byte-order mark is skipped.
     delimiter : str or None, default "auto"
         Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
         else whitespace; None means runs of whitespace.
@@ -157,6 +159,14 @@ def _first_row(path: str, header: bool | None,
                 f"({', '.join(map(repr, fields[:6]))}{', ...' if len(fields) > 6 else ''}), "
                 "not column names; impute them, or pass --header or --no-header "
                 "(header=True / False) to say what the line is")
+        if len(fields) > 1 and fields == [str(j) for j in range(len(fields))]:
+            # pandas' default column names (DataFrame(array).to_csv(index=False)),
+            # or a data row: stored as data it would add a row and a label
+            raise IngestError(
+                f"{path}: line {first[0]} reads {','.join(fields[:6])}"
+                f"{',...' if len(fields) > 6 else ''}: column names 0..{len(fields) - 1} "
+                "(as pandas writes them) or a data row? pass --header or --no-header "
+                "(header=True / False) to say what the line is")
         header = bool(names)
     return first[0], delimiter, fields, header
 
@@ -180,7 +190,9 @@ def _is_number(text: str) -> bool:
 
 
 def _open_text(path: PathLike) -> IO[str]:
-    return io.TextIOWrapper(open_bytes(path), encoding="utf-8")
+    # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the
+    # first field, which it would turn into a column name
+    return io.TextIOWrapper(open_bytes(path), encoding="utf-8-sig")
 
 
 def _numbered_lines(path: PathLike, f: IO[str]) -> Iterator[tuple[int, str]]:
@@ -221,7 +233,8 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         raise FileNotFoundError(f"{path}: no such file")
     check_out(out, overwrite)
     _, delimiter, fields, header = _first_row(path, header, delimiter)
-    kw: dict[str, Any] = {"blocksize": None if path.endswith(".gz") else blocksize,
+    gz = is_gzip(path) if "://" not in path else path.endswith(".gz")
+    kw: dict[str, Any] = {"blocksize": None if gz else blocksize,
                           "header": 0 if header else None}
     if delimiter is None:
         kw["sep"] = r"\s+"
@@ -230,7 +243,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         kw["engine"] = "pyarrow"
     if not header:
         kw["names"] = [str(j) for j in range(len(fields))]
-    if path.endswith(".gz"):
+    if gz:
         kw["compression"] = "gzip"
     try:
         ddf = dd.read_csv(path, **kw)

@@ -70,15 +70,21 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     check_out(out, overwrite)
     parts = _parquet_parts(path)
     schema = parts[0].schema
-    columns = list(schema.names)
+    # pandas stores its index as columns (``__index_level_0__`` after a sample or
+    # a filter, the name given to set_index): a row id, not a feature, and never
+    # the default target; it is read only when named as the target.
+    index = _pandas_index(schema)
+    columns = [c for c in schema.names if c not in index or c == target]
     t, x_cols, attrs = table_columns(columns, target, path, "parquet")
+    if index - set(columns):
+        attrs["dropped_index_columns"] = sorted(index - set(columns))
     for c in columns:
         if not _arrow_numeric(schema.field(c).type):
             raise IngestError(f"{path}: column {c!r} is {schema.field(c).type}, not numeric; "
                               "encode or drop it before ingesting")
     for part in parts[1:]:
-        if part.schema.names != columns or any(part.schema.field(c).type != schema.field(c).type
-                                               for c in columns):
+        if part.schema.names != schema.names or any(
+                part.schema.field(c).type != schema.field(c).type for c in columns):
             raise IngestError(f"{part.name}: its columns differ from {parts[0].name}'s "
                               f"({_schema_text(part.schema)} vs {_schema_text(schema)})")
     dtype = np.dtype(dtype)
@@ -120,16 +126,16 @@ class _ParquetPart:
 
 def _parquet_parts(path: str) -> list[_ParquetPart]:
     """The Parquet files under ``path`` (a file, a folder, a glob; local or a URL)
-    in name order, with their row-group sizes from the footers."""
+    in name order (numbers compared as numbers), with their row-group sizes from the footers."""
     import fsspec
     import pyarrow.parquet as pq
 
     fs, root = fsspec.core.url_to_fs(path if "://" in path else os.path.abspath(path))
     if any(ch in root for ch in "*?["):
-        names = sorted(fs.glob(root))
+        names = sorted(fs.glob(root), key=_natural_key)
     elif fs.isdir(root):
-        names = sorted(f for f in fs.find(root) if f.endswith((".parquet", ".pq"))
-                       and not os.path.basename(f).startswith((".", "_")))
+        names = sorted((f for f in fs.find(root) if f.endswith((".parquet", ".pq"))
+                        and not os.path.basename(f).startswith((".", "_"))), key=_natural_key)
     else:
         names = [root]
     if not names:
@@ -146,6 +152,27 @@ def _parquet_parts(path: str) -> list[_ParquetPart]:
         parts.append(_ParquetPart(url, schema, [meta.row_group(i).num_rows
                                                 for i in range(meta.num_row_groups)]))
     return parts
+
+
+def _pandas_index(schema: Any) -> set[str]:
+    """The columns pandas wrote for a DataFrame's index (its 'pandas' schema
+    metadata; a RangeIndex is stored as metadata only and has none)."""
+    import json
+
+    raw = (schema.metadata or {}).get(b"pandas")
+    try:
+        names = json.loads(raw)["index_columns"] if raw else []
+    except (ValueError, KeyError, TypeError):
+        return set()
+    return {c for c in names if isinstance(c, str)}
+
+
+def _natural_key(name: str) -> list:
+    """``part.2`` before ``part.10``: the order the writer numbered its parts in
+    (dask's and Spark's part names are not zero-padded)."""
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def _arrow_numeric(t: Any) -> bool:
