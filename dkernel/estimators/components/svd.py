@@ -53,8 +53,8 @@ class KernelSVD(_TwoViewBase):
     ) -> tuple[np.ndarray, np.ndarray]:
         # Xie's KSVD is Oja's rule for [[0, C_yx], [C_xy, 0]]: at its fixed point the
         # stacked [U; V] is orthonormal, so each view has U^T U = V^T V = I / 2 (the
-        # pool Gram is not used as the metric: see rotate_pca); a power step leaves
-        # each view orthonormal on its own
+        # pool Gram is not used as the metric: see rotate_pca); a power step, and
+        # the exact solve, leave each view orthonormal on its own
         k = A.shape[1]
-        scale = 1.0 if getattr(self, "steps_", "block") == "power" else 0.5
+        scale = 0.5 if getattr(self, "steps_", "block") == "block" else 1.0
         return scale * np.eye(k), scale * np.eye(k)
