@@ -428,6 +428,17 @@ def test_a_short_preconditioned_step_is_cut_to_its_rows():
 
 
 @pytest.mark.slow
+def test_preconditioned_kcca_step_is_bounded_by_alpha(client):
+    # the ridge term alpha U W is not flattened by the preconditioner: at the
+    # defaults alpha >= 0.03 diverged ("use a smaller step_size")
+    X, Y = _two_views(2000, 4)
+    kw = dict(bandwidth=1.0, n_features=512, alpha=0.3, client=client)
+    model = KernelCCA(2, **kw).fit(X, Y)
+    assert model.step_size_ == pytest.approx(0.5 / 0.3)
+    plain = KernelCCA(2, preconditioner=None, **kw).fit(X, Y)
+    np.testing.assert_allclose(model.correlations_, plain.correlations_, rtol=0.05)
+
+
 def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
     # the start and the preconditioner are recomputed on resume; the steps
     # after the checkpoint then replay those of the uninterrupted fit

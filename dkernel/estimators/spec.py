@@ -344,7 +344,9 @@ _KERNEL_CCA = (
         "eigenpro": every step updates the whole pool through EigenPro's
         preconditioner (top-q eigenpairs of each view's centred feature
         covariance on the ``init_rows`` sample, q set by ``batch_size``),
-        which lets the step grow by lambda_1 / lambda_{q+1}; workers return
+        which lets the step grow by lambda_1 / lambda_{q+1} (the automatic
+        step is 0.5 / max(lambda_{q+1}, alpha): the ridge term is not
+        flattened); workers return
         a D x 2k block per task and view (fewer ``lanes`` send fewer).
         None: Xie's Alg. 4 as printed, one feature block per step.  Both
         have the same fixed point; on Fashion-MNIST halves (k = 50) "eigenpro"

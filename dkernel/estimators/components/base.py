@@ -266,8 +266,13 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         """step_size_ and step_decay_ of block steps (whole-pool ones with ``pre``)."""
         if self.step_size != "auto":
             self.step_size_ = float(self.step_size)
-        elif pre is not None:  # lambda_{q+1} is the top of the preconditioned spectrum
-            self.step_size_ = _STEP_SCALE[method] / max(p.new_top for p in pre)
+        elif pre is not None:
+            # lambda_{q+1} is the top of the preconditioned spectrum; the ridge
+            # term alpha U W is not flattened by it, and a step past 0.5 / alpha
+            # diverged (alpha >= 0.03 at the defaults): the larger of the two
+            # bounds the step, so eta (lambda_{q+1} + alpha) <= 1
+            top = max(p.new_top for p in pre)
+            self.step_size_ = _STEP_SCALE[method] / max(top, float(getattr(self, "alpha", 0.0)))
         else:
             self.step_size_ = _auto_step(method, samples, features, bool(self.center))
         self.step_decay_ = self._step_decay(whole_pool=pre is not None)
