@@ -306,3 +306,52 @@ def test_is_checkpoint_reads_the_metadata_and_names_a_newer_format(tmp_path):
     write_npz_atomic(newer, {}, {"kind": "checkpoint", "format_version": 10**6})
     with pytest.raises(NewerFormatError, match="newer dkernel"):
         is_checkpoint(newer)
+
+
+def test_a_checkpoint_of_other_data_is_refused_not_handed_back(client, tmp_path):
+    """A finished checkpoint of (X, y_a) was accepted for (X, y_b), and its
+    model returned as the fit of y_b (also with columns swapped, and across
+    cross-validation folds): the data's identity is in the fingerprint."""
+    from dkernel import DSGClassifier, DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 3)).astype(np.float32)
+    y_a, y_b = (X[:, 0] > 0).astype(int), (X[:, 1] > 0).astype(int)
+    ckpt = tmp_path / "c.npz"
+    kw = dict(n_features=64, block_size=32, n_epochs=2, checkpoint=str(ckpt),
+              checkpoint_every=1, resume=True, client=client)
+    first = DSGClassifier(**kw).fit(X, y_a)
+    again = DSGClassifier(**kw).fit(X, y_a)  # the same data resumes (finished: no steps)
+    np.testing.assert_array_equal(again.coef_, first.coef_)
+    with pytest.raises(ValueError, match=r"different fit \(differs in: data\)"):
+        DSGClassifier(**kw).fit(X, y_b)
+    reg = dict(kw, checkpoint=str(tmp_path / "r.npz"), bandwidth=1.0, preconditioner=None)
+    DSGRegressor(**reg).fit(X, X[:, 0])
+    with pytest.raises(ValueError, match=r"differs in: data"):
+        DSGRegressor(**reg).fit(X[:, [1, 0, 2]], X[:, 0])
+    # a store: rewritten with other values, it is other data
+    store = write_store(tmp_path / "s.zarr", X, y_a, chunk_rows=200)
+    DSGClassifier(**dict(kw, checkpoint=str(tmp_path / "s.npz"))).fit(store)
+    write_store(store, X[::-1].copy(), y_a[::-1].copy(), chunk_rows=200, overwrite=True)
+    with pytest.raises(ValueError, match=r"differs in: data"):
+        DSGClassifier(**dict(kw, checkpoint=str(tmp_path / "s.npz"))).fit(store)
+
+
+def test_a_checkpoint_path_holding_a_model_is_refused_and_a_lone_checkpoint_too(client, tmp_path):
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((300, 2)).astype(np.float32)
+    model = tmp_path / "model.npz"
+    DSGRegressor(n_features=32, block_size=32, n_epochs=1, client=client).fit(X, X[:, 0]).save(
+        str(model))
+    before = model.read_bytes()
+    with pytest.raises(FileExistsError, match="exists and is not a checkpoint"):
+        DSGRegressor(n_features=32, block_size=32, n_epochs=1, checkpoint=str(model),
+                     checkpoint_every=1, client=client).fit(X, X[:, 0])
+    assert model.read_bytes() == before  # the model was overwritten by checkpoints
+    # checkpoint alone wrote nothing, silently; resume alone resumed from nothing
+    with pytest.raises(ValueError, match="checkpoint_every=0 writes none"):
+        DSGRegressor(checkpoint=str(tmp_path / "c.npz")).fit(X, X[:, 0])
+    with pytest.raises(ValueError, match="resume=True needs checkpoint"):
+        DSGRegressor(resume=True).fit(X, X[:, 0])

@@ -121,7 +121,8 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
                 for key, info in files.items())).encode()).hexdigest()
     except (ImportError, OSError, ValueError):
         stamp = None  # no file system record: the path and metadata alone name it
-    token = tokenize(url, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
+    where = url if "://" in url else os.path.abspath(url)  # ./s.zarr is s.zarr
+    token = tokenize(where, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
     return da.from_zarr(arr, name=f"from-zarr-{token}")
 
 

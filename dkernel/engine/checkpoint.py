@@ -72,6 +72,21 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
         return False
 
 
+#: The fingerprint's identity of the data (:func:`data_identity`).
+DATA = "data"
+
+
+def data_identity(X: Any, y: Any) -> str:
+    """A name for the fit's rows: the dask names of X and y, which hash the
+    values of in-memory input and, for a store, its files' records
+    (:mod:`dkernel.data.dataset`).  A checkpoint of other data (another
+    target, columns swapped, a store rewritten) is refused; before, a finished
+    checkpoint handed back the other fit's model."""
+    from dask.base import tokenize
+
+    return tokenize(getattr(X, "name", None), None if y is None else getattr(y, "name", None))
+
+
 class Checkpointer:
     """Writes ``state`` every ``every`` steps to ``path``; reads it back on resume."""
 
@@ -79,6 +94,11 @@ class Checkpointer:
         self.path = None if path is None else os.fspath(path)
         self.every = int(every or 0)
         self.fingerprint = fingerprint
+        if self.path is not None and file_exists(self.path) and not is_checkpoint(self.path):
+            # the fit's checkpoints would be written over it
+            raise FileExistsError(
+                f"checkpoint {self.path!r} exists and is not a checkpoint (a model or other "
+                "file); name another file for checkpoint")
 
     def due(self, step: int) -> bool:
         return self.path is not None and self.every > 0 and step % self.every == 0
@@ -98,7 +118,8 @@ class Checkpointer:
             raise ValueError(f"{self.path!r} is not a checkpoint")
         old = meta["fingerprint"]
         diff = sorted(k for k in set(old) | set(self.fingerprint)
-                      if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED))
+                      if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED)
+                      and not (k == DATA and k not in old))  # (written before it was recorded)
         if diff:
             raise ValueError(
                 f"checkpoint {self.path!r} belongs to a different fit (differs in: "

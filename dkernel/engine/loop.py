@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
-from dkernel.engine.checkpoint import Checkpointer
+from dkernel.engine.checkpoint import DATA, Checkpointer, data_identity
 from dkernel.engine.chunks import _BundleSource, _ChunkSource, _KeptSource
 from dkernel.engine.guard import DivergenceGuard
 from dkernel.engine.program import StepProgram
@@ -164,7 +164,8 @@ class Engine:
                                    for b in bundles), plan.batch_size, plan.lanes,
                              plan.random_state)
             source = _BundleSource(source, bundles)
-        fingerprint = {**program.fingerprint(), "n_rows": data.n_rows, "n_inputs": data.n_inputs,
+        fingerprint = {**program.fingerprint(), DATA: data_identity(data.X, data.y),
+                       "n_rows": data.n_rows, "n_inputs": data.n_inputs,
                        "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
                        "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs,
                        "plan_version": ChunkPlan.VERSION}
@@ -468,7 +469,8 @@ class Engine:
         opts = self.options
         plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every,
-                            {**(fingerprint or {}), "n_rows": data.n_rows,
+                            {**(fingerprint or {}), DATA: data_identity(data.X, data.y),
+                             "n_rows": data.n_rows,
                              "n_inputs": data.n_inputs,
                              "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,
                              "shuffle": shuffle, "random_state": int(random_state), "scan": label})

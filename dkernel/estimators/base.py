@@ -128,6 +128,13 @@ class BaseEstimator(sklearn.base.BaseEstimator):
             raise ValueError(
                 f"resume=True needs an integer random_state (the checkpoint's seed), got "
                 f"{self.random_state!r}; pass the random_state_ of the interrupted fit")
+        checkpoint = getattr(self, "checkpoint", None)
+        if checkpoint is None and getattr(self, "resume", False):
+            raise ValueError("resume=True needs checkpoint, the file to continue from")
+        if checkpoint is not None and not (self.checkpoint_every or self.resume):
+            raise ValueError(
+                f"checkpoint={checkpoint!r} is written every checkpoint_every steps, and "
+                "checkpoint_every=0 writes none; set checkpoint_every (or resume=True)")
 
     def _given(self, name: str) -> Any:
         """A setting's value, None where it is left automatic ("auto", or None

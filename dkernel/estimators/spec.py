@@ -150,7 +150,8 @@ CHECKPOINT = Param("checkpoint", None, "str, optional", anything(), """\
 CHECKPOINT_EVERY = Param("checkpoint_every", 0, "int", integer(0),
                          "Steps between two checkpoints (0: none).", "runtime", flag=None)
 RESUME = Param("resume", False, "bool", boolean(),
-               "Continue from ``checkpoint`` (same seed, data and settings).", "runtime",
+               "Continue from ``checkpoint`` (same seed, data and settings: other data or\n"
+               "    settings are refused by name).", "runtime",
                flag=None)
 
 _RUNTIME = (RANDOM_STATE, CLIENT, VERBOSE, CHECKPOINT, CHECKPOINT_EVERY, RESUME)
