@@ -67,6 +67,9 @@ def test_one_class_model_file_round_trip(client, tmp_path):
     assert isinstance(back, DSGOneClassSVM) and back.offset_ == model.offset_ and back.nu == 0.2
     assert back.offset_calibrated_ == model.offset_calibrated_
     np.testing.assert_array_equal(back.decision_function(X), model.decision_function(X))
+    # the history and back-offs are saved with the model, as DSG's and EigenPro's are
+    assert back.history_ == model.history_ and len(back.history_) == 1
+    assert back.step_backoffs_ == model.step_backoffs_
 
 
 def test_one_class_matches_the_dense_solution_on_the_same_features(client):
@@ -126,6 +129,7 @@ def test_density_ratio_matches_the_dense_kl_solution_and_the_true_ratio(client, 
     model.save(str(path))
     back = load_model(path)
     assert isinstance(back, DSGDensityRatio) and back.n_denominator_ == 1200
+    assert back.history_ == model.history_ and len(back.history_) == 10
     np.testing.assert_array_equal(back.score_samples(Xt), ours)
 
 

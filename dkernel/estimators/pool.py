@@ -14,6 +14,7 @@ from dkernel.estimators.base import (
     validate_predict_input,
 )
 from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.history import history_meta, set_history
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
@@ -69,6 +70,7 @@ class PoolEstimator(BaseEstimator):
                  "step_size_": self.step_size_, "step_decay_": self.step_decay_,
                  "lanes_": self.lanes_, "batch_size_": self.batch_size_,
                  "local_steps_": self.local_steps_, "feature_cache_": self.feature_cache_,
+                 "step_backoffs_": getattr(self, "step_backoffs_", []), **history_meta(self),
                  **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
@@ -83,6 +85,8 @@ class PoolEstimator(BaseEstimator):
         self.local_steps_ = meta.get("local_steps_", 1)
         if "feature_cache_" in meta:
             self.feature_cache_ = meta["feature_cache_"]
+        self.step_backoffs_ = meta.get("step_backoffs_", [])  # none in older files
+        set_history(self, meta)
         self._set_extra_meta(meta)
 
     def _extra_meta(self) -> dict[str, Any]:
