@@ -408,6 +408,19 @@ def test_settings_that_do_not_apply_to_the_chosen_route_are_refused(client, tmp_
         EigenProRegressor(n_centers=50, q=5, batch_size=10, n_epochs=2, client=client).fit(X, y)
 
 
+def test_a_refit_on_another_route_keeps_none_of_the_last_routes_attributes(client):
+    # kernel form, then random features: centers_, n_centers_ and solver_ stayed
+    X = _points(300, 2, seed=15)
+    y = X[:, 0]
+    fresh = EigenProRegressor(n_epochs=1, n_features=256, client=client).fit(X, y)
+    model = EigenProRegressor(n_epochs=1, client=client).fit(X, y)
+    assert hasattr(model, "centers_")
+    model.set_params(n_features=256).fit(X, y)
+    fitted = {a for a in vars(model) if a.endswith("_") and not a.startswith("_")}
+    assert fitted == {a for a in vars(fresh) if a.endswith("_") and not a.startswith("_")}
+    np.testing.assert_array_equal(model.predict(X), fresh.predict(X))
+
+
 @pytest.mark.parametrize("alpha", [1e-3, 1e-2])
 def test_alpha_is_the_same_ridge_penalty_on_the_sgd_routes_as_on_the_all_rows_solve(client, alpha):
     # alpha was refused with every row a center and with random features.  Now every

@@ -52,6 +52,12 @@ class FitContext:
     def __init__(self, est: Any, X: Any, y: Any = None, *, target: str,
                  dtype: list | None = None) -> None:
         est._check_params()
+        # a refit starts unfitted: attributes of the last fit's route (EigenPro's
+        # centers_ after a refit on features) no longer describe the model
+        params = est.get_params(deep=False)
+        for name in [a for a in vars(est) if a.endswith("_") and not a.startswith("_")
+                     and a not in params]:
+            delattr(est, name)
         X, y, self.labels = validate_fit_input(est, X, y, target=target, dtype=dtype)
         self.X = X  # as validated (a second sample is checked against it: DSGDensityRatio)
         if "random_state" in est.get_params(deep=False):
