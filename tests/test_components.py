@@ -428,6 +428,31 @@ def test_a_short_preconditioned_step_is_cut_to_its_rows():
 
 
 @pytest.mark.slow
+def test_a_memory_setting_does_not_switch_automatic_steps():
+    # feature_cache="off" (documented as a memory option) chose power steps
+    # over exact ones on small data; a cache that keeps features still does,
+    # since only iterative steps keep any
+    assert KernelPCA(2, feature_cache="off")._iterative_given() == []
+    assert KernelPCA(2, feature_cache="float32")._iterative_given() == [
+        ("feature_cache", "float32")]
+    assert KernelSVD(2, checkpoint="c.npz", checkpoint_every=3)._iterative_given() == [
+        ("checkpoint", "c.npz"), ("checkpoint_every", 3)]
+
+
+def test_two_view_fit_transform_returns_both_views_scores(client, tmp_path):
+    # TransformerMixin's fit_transform returned transform(X): the x scores alone
+    X, Y = _two_views(600, 5)
+    for cls in (KernelCCA, KernelSVD):
+        model = cls(2, bandwidth=1.0, n_features=128, client=client)
+        xs, ys = model.fit_transform(X, Y)
+        ref_x, ref_y = model.transform(X, Y)
+        np.testing.assert_array_equal(xs, ref_x)
+        np.testing.assert_array_equal(ys, ref_y)
+    store = write_store(tmp_path / "v.zarr", X, Y, chunk_rows=300)
+    xs, ys = KernelCCA(2, bandwidth=1.0, n_features=128, client=client).fit_transform(store)
+    assert xs.shape == ys.shape == (600, 2)
+
+
 def test_preconditioned_kcca_step_is_bounded_by_alpha(client):
     # the ridge term alpha U W is not flattened by the preconditioner: at the
     # defaults alpha >= 0.03 diverged ("use a smaller step_size")

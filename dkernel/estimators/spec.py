@@ -308,7 +308,8 @@ STEPS = Param("steps", AUTO, '{"auto", "exact", "power", "block"}',
     all rows, by subspace iteration with 20 extra directions, a dozen
     passes over the rows (no epochs, batches or checkpoints).  "auto":
     "exact" below 16384 rows when no iterative setting (n_epochs,
-    batch_size, lanes, checkpoint) is given, since a power step converges
+    batch_size, lanes, checkpoint, checkpoint_every, resume, or a
+    feature_cache that keeps features) differs from its default, since a power step converges
     to its own batch's subspace and on few rows a batch is a few hundred
     rows (power steps on 300 rows missed exact kernel PCA by sin^2 0.13);
     else power steps, unless a setting only block steps have is given

@@ -27,6 +27,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.params import AUTO
 from dkernel.estimators.scoring import check_same_rows, score_targets
 from dkernel.estimators.spec import params_of
 from dkernel.features import FeatureMap
@@ -148,9 +149,14 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             else "block"
 
     def _iterative_given(self) -> list[tuple[str, Any]]:
-        """Settings only iterative (power or block) steps use, given."""
-        return self._changed(("n_epochs", "batch_size", "lanes", "checkpoint",
-                              "checkpoint_every", "resume", "feature_cache"))
+        """Settings only iterative (power or block) steps use, given.  A
+        feature_cache that keeps features is one (exact steps keep none);
+        "off" is not: a memory setting must not switch the algorithm."""
+        given = self._changed(("n_epochs", "batch_size", "lanes", "checkpoint",
+                               "checkpoint_every", "resume"))
+        if self.feature_cache not in (AUTO, "off"):
+            given.append(("feature_cache", self.feature_cache))
+        return given
 
     def _resolve_exact(self, steps: str, n_rows: int) -> str:
         """An automatic "power" becomes "exact" below ``_EXACT_ROWS`` rows when no
@@ -386,6 +392,14 @@ class _TwoViewBase(_ComponentsBase):
         y = check_predict_input(y, self.n_features_y_, "Y")
         check_same_rows(y, X, "Y")
         return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, y)
+
+    def fit_transform(self, X: Any, y: Any = None) -> Any:
+        """Fit, then ``transform`` both views: (x_scores, y_scores), as
+        scikit-learn's CCA returns them (TransformerMixin's returned x_scores
+        alone, dropping the second view's); y may be omitted for a store whose
+        array ``y`` holds the second view."""
+        self.fit(X, y)
+        return self.transform(*score_targets(X, y))
 
     def canonical_correlations(self, X: Any, y: Any = None) -> np.ndarray:
         """Correlation of each pair of scores on (held-out) data, shape (n_components,);
