@@ -87,3 +87,29 @@ def test_synthetic_classes_need_no_more_inputs_than_classes(d):
 
     X, y = make_blobs_classification(300, d, n_classes=3)
     assert X.shape == (300, d) and set(np.unique(y)) == {0, 1, 2}
+
+
+def test_a_stores_y_chunked_otherwise_is_aligned_and_lazy_inputs_are_named(tmp_path):
+    # valid zarr from another writer: y in other chunks than X (the message
+    # said "rechunk y", which a path gives no handle on)
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    X = np.arange(200, dtype=np.float32).reshape(100, 2)
+    g.create_array("X", data=X, chunks=(30, 2))
+    g.create_array("y", data=np.arange(100.0), chunks=(45,))
+    data = open_dataset(str(tmp_path / "s.zarr"))
+    assert data.y.chunks[0] == data.X.chunks[0]
+    np.testing.assert_array_equal(data.y.compute(), np.arange(100.0))
+    # a dask DataFrame, unknown chunk sizes and a path for y: one line each
+    # (AttributeError, "cannot convert float NaN to integer" and "'str' object
+    # has no attribute 'ndim'" before)
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    ddf = dd.from_pandas(pd.DataFrame(X, columns=["a", "b"]), npartitions=2)
+    with pytest.raises(TypeError, match=r"X is a dask DataFrame; pass X.to_dask_array\("):
+        open_dataset(ddf)
+    with pytest.raises(ValueError, match="X has unknown chunk sizes"):
+        open_dataset(ddf.to_dask_array())
+    with pytest.raises(ValueError, match="y has unknown chunk sizes"):
+        open_dataset(X, ddf["a"].to_dask_array())
+    with pytest.raises(TypeError, match="y is a path"):
+        open_dataset(str(tmp_path / "s.zarr"), "y.zarr")

@@ -204,3 +204,12 @@ def test_prediction_blocks_split_long_chunks_and_keep_unknown_ones():
     assert balanced_rows(small) is small
     unknown = dd.from_pandas(pd.DataFrame(np.zeros((500, 3))), npartitions=2).to_dask_array()
     assert balanced_rows(unknown) is unknown
+
+
+def test_a_missing_label_in_a_store_is_named_as_missing_not_as_a_fraction(client, tmp_path):
+    X, y = make_blobs_classification(300, 4)
+    y = y.astype(np.float32)
+    y[7] = np.nan
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=100)
+    with pytest.raises(ValueError, match=r"y holds nan labels \(missing values\); drop or label"):
+        DSGClassifier(n_features=32, block_size=32, n_epochs=1, client=client).fit(store)

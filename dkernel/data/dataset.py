@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -250,6 +251,7 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
     in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
     if isinstance(X, (list, tuple)):
         X = np.asarray(X)
+    _check_lazy_rows(X, "X")
     if not hasattr(X, "ndim"):
         raise TypeError(f"X must be an array or a store path, got {type(X).__name__}")
     if X.ndim != 2:
@@ -267,6 +269,11 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
         y_in_memory = isinstance(y, (np.ndarray, list, tuple))
         if isinstance(y, (list, tuple)):
             y = np.asarray(y)
+        if isinstance(y, (str, os.PathLike)):
+            raise TypeError(f"y is a path ({os.fspath(y)!r}); a store holds X and y together "
+                            "(dkernel ingest, write_store): pass that store alone, or y as "
+                            "an array")
+        _check_lazy_rows(y, "y")
         if y.ndim not in (1, 2):
             raise ValueError(f"y must be 1-D or 2-D, got shape {y.shape}")
         check_numeric_dtype(np.dtype(y.dtype), "y")
@@ -279,6 +286,10 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
                                chunks=(Xd.chunks[0],) + tuple(-1 for _ in y.shape[1:]))
         else:
             yd = as_dask_rows(y, "y")
+            if store is not None and tuple(yd.chunks[0]) != tuple(Xd.chunks[0]):
+                # a store's own y, written chunked otherwise by another tool: y is
+                # small, and a path gives the user nothing to rechunk
+                yd = yd.rechunk({0: Xd.chunks[0]})
             if tuple(yd.chunks[0]) != tuple(Xd.chunks[0]):
                 raise ValueError(
                     f"X and y have different row chunks ({_short(Xd.chunks[0])} vs "
@@ -290,6 +301,18 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
     if in_memory and (y is None or isinstance(y, np.ndarray)):
         host = (np.asarray(X), None if y is None else np.asarray(y))
     return Dataset(Xd, yd, source, host, store)
+
+
+def _check_lazy_rows(a: Any, name: str) -> None:
+    """Refuse a dask DataFrame / Series, and a dask array whose row chunks are
+    unknown (``ddf.to_dask_array()``): a fit plans its steps on known rows."""
+    if hasattr(a, "to_dask_array") and not isinstance(a, da.Array):
+        raise TypeError(f"{name} is a dask {type(a).__name__}; pass "
+                        f"{name}.to_dask_array(lengths=True) (numeric columns)")
+    if isinstance(a, da.Array) and any(math.isnan(c) for c in a.chunks[0]):
+        raise ValueError(f"{name} has unknown chunk sizes (a dask array made from a "
+                         f"DataFrame); pass ddf.to_dask_array(lengths=True), or call "
+                         f"{name}.compute_chunk_sizes() first")
 
 
 def _short(chunks: tuple) -> str:

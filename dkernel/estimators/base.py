@@ -276,6 +276,9 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
         classes = np.unique(data.host[1])
     else:
         classes = result(client, client.compute(da.unique(data.y.reshape(-1))), "y's classes")
+    if classes.dtype.kind == "f" and not np.isfinite(classes).all():
+        raise ValueError(f"y holds {float(classes[~np.isfinite(classes)][0])} labels (missing "
+                         "values); drop or label those rows before fitting")
     if classes.dtype.kind == "f" and not np.all(np.mod(classes, 1) == 0):
         bad = classes[np.mod(classes, 1) != 0][0]
         raise ValueError(
