@@ -78,6 +78,9 @@ class EngineOptions:
 #: Checkpoint keys of the epoch history and of the ``on_epoch`` callback's own state
 #: (its ``checkpoint_state()``, e.g. early stopping's best epoch and model).
 _HISTORY_KEY = "engine_history"
+#: Mid-epoch checkpoints: the epoch's running totals so far (its history
+#: entry, once resumed, counts the steps before the checkpoint too).
+_EPOCH_KEY = "engine_epoch"
 _CALLBACK = "on_epoch."
 
 
@@ -171,6 +174,7 @@ class Engine:
                        "plan_version": ChunkPlan.VERSION}
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
+        resumed_epoch: dict | None = None
         guard = DivergenceGuard(program)
         history: list[dict[str, Any]] = []
         if opts.resume:
@@ -178,6 +182,7 @@ class Engine:
             if loaded is not None:
                 saved = dict(loaded[0])
                 history = list(saved.pop(_HISTORY_KEY, []))
+                resumed_epoch = saved.pop(_EPOCH_KEY, None)
                 callback = {k: saved.pop(k) for k in list(saved) if k.startswith(_CALLBACK)}
                 state, start = guard.resume(saved), loaded[1]
                 if callback and hasattr(on_epoch, "resume"):
@@ -195,9 +200,12 @@ class Engine:
         run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
         self.history = history  # a resumed fit's epochs before the checkpoint, as they were
 
-        def checkpoint(step: int) -> None:
+        def checkpoint(step: int, seen: dict | None = None) -> None:
+            within = {} if seen is None else {_EPOCH_KEY: _json_safe(
+                [{**{k: v for k, v in seen.items() if k != "t0"},
+                  "elapsed": time.perf_counter() - seen["t0"]}])[0]}
             ckpt.save({**guard.checkpoint_state(state), **_callback_state(on_epoch),
-                       _HISTORY_KEY: _json_safe(self.history)}, step)
+                       _HISTORY_KEY: _json_safe(self.history), **within}, step)
         step = 0
         for epoch in range(n_epochs):
             if step + per_epoch[epoch] <= start:
@@ -210,6 +218,10 @@ class Engine:
             seen = {"loss": 0.0, "loss_rows": 0, "rows": 0, "steps": 0, "t0": time.perf_counter(),
                     "compute": 0.0, "wait": 0.0, "update": 0.0, "straggle": 0.0,
                     "slowest": {}}
+            if resumed_epoch is not None and first < start:  # resumed inside this epoch
+                seen.update({k: v for k, v in resumed_epoch.items() if k != "elapsed"},
+                            t0=seen["t0"] - float(resumed_epoch.get("elapsed", 0.0)))
+                resumed_epoch = None
             while True:  # an epoch replayed with a smaller step (guard.end_epoch)
                 groups = [g for g in plan.groups(epoch)]
                 todo, skipped = [], step
@@ -289,7 +301,7 @@ class Engine:
                             seen["loss"] += float(np.sum(total["loss"]))
                             seen["loss_rows"] += int(total.get("count", 0))
                         if ckpt.due(step) and step < first + per_epoch[epoch]:
-                            checkpoint(step)
+                            checkpoint(step, seen)
                         rate = seen["rows"] / max(time.perf_counter() - seen["t0"], 1e-9)
                         progress.update(1, epoch=epoch + 1, **{"rows/s": rate},
                                         **program.metrics(total))
