@@ -702,6 +702,12 @@ def test_bad_component_input_fails_before_any_work_naming_it():
     X, Y = _two_views(300, 6)
     with pytest.raises(ValueError, match="n_components=8 exceeds n_features=4"):
         KernelPCA(8, n_features=4).fit(X)
+    # 60 components of 50 rows: ten were noise directions, returned as if real
+    with pytest.raises(ValueError, match=r"n_components=60 exceeds the 49 component\(s\) 50 "
+                                         r"centred rows hold"):
+        KernelPCA(60).fit(X[:50])
+    with pytest.raises(ValueError, match=r"n_components=3 exceeds the 2 component\(s\)"):
+        KernelCCA(3).fit(X[:3], Y[:3])
     with pytest.raises(ValueError, match="n_components must be"):
         KernelCCA(0).fit(X, Y)
     with pytest.raises(ValueError, match="init must be"):

@@ -184,6 +184,25 @@ def test_missing_values_are_refused_on_the_workers_as_the_serial_reader_refuses_
     assert _leftovers(tmp_path) == []
 
 
+def test_a_ragged_row_and_an_unnamed_gzip_are_read_or_refused_naming_the_file(client, tmp_path):
+    import gzip
+
+    # the parser's "CSV parse error: Expected 3 columns, got 2" named no file
+    lines = ["a,b,label"] + [f"{i},{i + 1},{i % 2}" for i in range(400)]
+    lines[300] = "5,1"
+    csv = tmp_path / "ragged.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(IngestError, match=r"ragged.csv: .*Expected 3 columns, got 2"):
+        ingest_csv_parallel(csv, tmp_path / "r.zarr", target="label", client=client,
+                            blocksize=1000)
+    # gzip is known by its first bytes, as the serial reader knows it, not by the name
+    lines[300] = "5,1,1"
+    (tmp_path / "table.csv").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    g = zarr.open_group(ingest_csv_parallel(tmp_path / "table.csv", tmp_path / "g.zarr",
+                                            target="label", client=client), mode="r")
+    assert g["X"].shape == (400, 2) and g["y"][299] == 1  # (data row 299 is line 301)
+
+
 def test_a_missing_value_past_the_first_part_of_a_csv_is_named_by_row(client, tmp_path):
     # the first part types column b as integers; an empty field further down
     # stopped ingest with dask's "Mismatched dtypes" table and its advice, and a

@@ -113,6 +113,13 @@ def test_stereographic_map_is_one_to_one_and_fits_flat_data(client):
     assert model.d_ == 3 and model.score(X, y) > 0.95
 
 
+def test_a_record_point_past_the_last_step_is_refused():
+    # record_at=[100, 5000] on 500 rows kept 100 and dropped 5000 without a word
+    X, y, _ = make_sphere_polynomial(500, d=3, degree=3, random_state=8)
+    with pytest.raises(ValueError, match=r"record_at holds 5000, outside the fit's steps 1..500"):
+        SphereRegressor(record_at=[100, 5000]).fit(X, y)
+
+
 def test_save_load_roundtrip_and_lazy_predict(client, tmp_path):
     X, y, _ = make_sphere_polynomial(500, d=3, degree=3, random_state=8)
     for form in ("features", "kernel"):

@@ -451,7 +451,8 @@ _SPHERE = (
                  "passes."),
     Param("record_at", None, "sequence of int, optional", anything(), """\
         Step counts n at which the averaged model is kept, for learning
-        curves (:meth:`staged_predict`).""", flag=None),
+        curves (:meth:`staged_predict`); each in 1..n_rows * n_epochs.""",
+          flag=None),
     *_RUNTIME[1:])
 
 

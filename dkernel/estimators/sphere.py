@@ -104,6 +104,11 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                              "use input_map='stereographic' to map the line onto the circle")
         n_outputs = 1 if data.y.ndim == 1 else int(data.y.shape[1])
         N = data.n_rows * int(self.n_epochs)
+        late = [int(r) for r in (self.record_at or ()) if not 0 < int(r) <= N]
+        if late:
+            raise ValueError(f"record_at holds {late[0]}, outside the fit's steps 1..{N} "
+                             f"({data.n_rows} rows x {self.n_epochs} epoch(s)); drop it or "
+                             "fit more epochs")
         payload = make_payload(d=d, s=self.s, theta=self.theta, eta0=self.eta0, t=self.t,
                                max_degree=self.max_degree, n_total=N, n_outputs=n_outputs,
                                form=self.form, input_map=self.input_map, scale=self.scale,

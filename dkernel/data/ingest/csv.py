@@ -310,10 +310,11 @@ class _TypeChange(IngestError):
 
 def _type_change(path: str, exc: ValueError) -> Exception:
     """A :class:`_TypeChange` for dask's "Mismatched dtypes", naming the columns;
-    any other error as it was."""
+    any other (a parser's "Expected 3 columns, got 2: 3,4") with the file named."""
     text = str(exc)
     if "Mismatched dtypes" not in text:
-        return exc
+        return IngestError(f"{path}: {first_line(exc)}; fix that line, or ingest without "
+                           "--parallel to have its line number")
     rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in text.splitlines()
             if ln.startswith("|")]
     found = {r[0]: r[1] for r in rows[1:] if len(r) >= 3}  # rows[0]: the table's header

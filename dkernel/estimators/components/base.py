@@ -119,6 +119,16 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         if hasattr(self, "steps"):
             self._resolve_steps()
 
+    def _check_rows(self, n_rows: int) -> None:
+        """Refuse more components than the rows carry: past n - 1 (centred) the
+        components are noise directions of eigenvalue ~1e-10, returned as if real."""
+        most = n_rows - bool(self.center)
+        if self.n_components > most:
+            raise ValueError(
+                f"n_components={self.n_components} exceeds the {most} component(s) "
+                f"{n_rows} {'centred ' if self.center else ''}rows hold; use at most {most} "
+                "or fit more rows")
+
     #: Settings only block steps have (power steps have no step size).
     _block_only: tuple[str, ...] = ("step_size", "step_decay")
 
@@ -316,7 +326,9 @@ class _TwoViewBase(_ComponentsBase):
                 f"{type(self).__name__} requires y to be passed, but the target y is None: it "
                 "needs a second view, fit(X, Y) with the same rows, or a store path whose "
                 "array 'y' holds the second view")
-        with FitContext(self, X, y, target="view") as fit:
+        fit = FitContext(self, X, y, target="view")
+        self._check_rows(fit.data.n_rows)  # before the cluster starts
+        with fit:
             data = fit.data
             steps = None
             if hasattr(self, "steps"):  # KernelCCA has one kind of step

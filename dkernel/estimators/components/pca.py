@@ -71,7 +71,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
 
     def fit(self, X: Any, y: Any = None) -> KernelPCA:
         """Fit on X (array, DataFrame or store path); y is ignored."""
-        with FitContext(self, X, target="none") as fit:
+        fit = FitContext(self, X, target="none")
+        self._check_rows(fit.data.n_rows)  # before the cluster starts
+        with fit:
             self.steps_ = steps = self._resolve_exact(self._resolve_steps(), fit.data.n_rows)
             sample = fit.sample()
             features, n_blocks = fit.feature_map(fit.bandwidth(sample))
