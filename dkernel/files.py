@@ -136,6 +136,9 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     commit.)
     """
     path = os.fspath(path)
+    if not is_url(path) and os.path.isdir(path):  # (the rename's error named the temp file)
+        raise IsADirectoryError(f"{path!r} is a folder; give a file path such as "
+                                f"{os.path.join(path, 'model.npz')!r}")
     data = _npz_bytes(arrays, meta)
     if is_url(path):
         fs, key = url_fs(path)

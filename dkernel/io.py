@@ -40,6 +40,12 @@ def load_model(path: str | os.PathLike) -> Any:
         wrote = meta.get("versions", {}).get("dkernel", "another version")
         raise ValueError(f"{os.fspath(path)!r} holds an estimator {meta['estimator']!r} that this "
                          f"dkernel does not have; load it with the dkernel that wrote it ({wrote})")
+    wrote = meta.get("versions", {}).get("dkernel", "another version")
+    unknown = sorted(set(meta["params"]) - set(cls._param_names()))
+    if unknown:  # a newer writer's setting: this dkernel cannot tell what it changed
+        raise ValueError(f"{os.fspath(path)!r} sets {', '.join(unknown)}, which this dkernel's "
+                         f"{cls.__name__} does not have; load it with the dkernel that wrote "
+                         f"it ({wrote})")
     est = cls(**meta["params"])
     est._set_model_state(arrays, meta)
     if "feature_names_in" in meta:

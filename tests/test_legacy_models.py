@@ -57,3 +57,24 @@ def test_model_files_find_classes_by_name_and_names_stay_unique():
     assert estimator_class("DSGRegressor") is DSGRegressor
     type("DSGRegressor", (DSGRegressor,), {"__module__": "user_code"})  # not a model-file class
     assert estimator_class("DSGRegressor") is DSGRegressor
+
+
+def test_a_file_setting_a_parameter_this_dkernel_lacks_names_it(tmp_path):
+    """A newer writer's setting stopped load_model with "__init__() got an
+    unexpected keyword argument"."""
+    from dkernel.io import read_npz, write_npz_atomic
+
+    arrays, meta = read_npz(FILES[0])
+    meta["params"]["warp_speed"] = 9
+    write_npz_atomic(tmp_path / "newer.npz", arrays, meta)
+    with pytest.raises(ValueError, match=r"sets warp_speed, which this dkernel's \w+ does not "
+                                         r"have; load it with the dkernel that wrote it"):
+        load_model(tmp_path / "newer.npz")
+
+
+def test_saving_onto_a_folder_names_the_folder(tmp_path):
+    from dkernel.io import read_npz, write_npz_atomic
+
+    arrays, meta = read_npz(FILES[0])
+    with pytest.raises(IsADirectoryError, match=r"is a folder; give a file path such as"):
+        write_npz_atomic(tmp_path, arrays, meta)
