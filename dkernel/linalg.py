@@ -249,11 +249,14 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
 
     norms: list[float] = []
     mu: np.ndarray | None = None
+    passes = iter(range(1, int(n_iter) + 3))
 
     def apply(Q: np.ndarray) -> np.ndarray:
         nonlocal mu
         payload = {"block": block, "params": params, "Q": Q.astype(np.float32), "mu": mu}
-        total = engine.map_reduce(data, fn, payload, label=label, wants_chunk=chunked)
+        # each pass its own progress line: "pass 3/12", not a dozen "1/2 chunks"
+        total = engine.map_reduce(data, fn, payload, wants_chunk=chunked,
+                                  label=f"{label} pass {next(passes)}/{int(n_iter) + 2}")
         if not center or mu is not None:  # centred norms need mu from a previous pass
             norms.extend(total.get("norm", []))
         AQ = np.asarray(total["Y"], dtype=np.float64) / n

@@ -391,7 +391,7 @@ class Engine:
         run = self._last_run or uuid.uuid4().hex
         n = data.n_chunks
         window = window or max(2, 2 * self.n_threads())
-        progress = Progress(n, label, self.options.progress)
+        progress = Progress(n, label, self.options.progress, unit="chunks")
         tree = _CounterTree(self.client)
         token = uuid.uuid4().hex[:12]
         inflight: list[Future] = []
