@@ -427,7 +427,6 @@ def test_a_short_preconditioned_step_is_cut_to_its_rows():
     assert np.abs(full).max() > 0
 
 
-@pytest.mark.slow
 def test_a_memory_setting_does_not_switch_automatic_steps():
     # feature_cache="off" (documented as a memory option) chose power steps
     # over exact ones on small data; a cache that keeps features still does,
@@ -464,6 +463,7 @@ def test_preconditioned_kcca_step_is_bounded_by_alpha(client):
     np.testing.assert_allclose(model.correlations_, plain.correlations_, rtol=0.05)
 
 
+@pytest.mark.slow
 def test_preconditioned_kcca_resumes_from_its_checkpoint(client, tmp_path):
     # the start and the preconditioner are recomputed on resume; the steps
     # after the checkpoint then replay those of the uninterrupted fit

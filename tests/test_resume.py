@@ -359,3 +359,5 @@ def test_a_checkpoint_path_holding_a_model_is_refused_and_a_lone_checkpoint_too(
         DSGRegressor(checkpoint=str(tmp_path / "c.npz")).fit(X, X[:, 0])
     with pytest.raises(ValueError, match="resume=True needs checkpoint"):
         DSGRegressor(resume=True).fit(X, X[:, 0])
+    with pytest.raises(ValueError, match="checkpoint_every=5 needs checkpoint"):
+        DSGRegressor(checkpoint_every=5).fit(X, X[:, 0])

@@ -76,15 +76,41 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 DATA = "data"
 
 
-def data_identity(X: Any, y: Any) -> str:
-    """A name for the fit's rows: the dask names of X and y, which hash the
-    values of in-memory input and, for a store, its files' records
-    (:mod:`dkernel.data.dataset`).  A checkpoint of other data (another
-    target, columns swapped, a store rewritten) is refused; before, a finished
-    checkpoint handed back the other fit's model."""
-    from dask.base import tokenize
+def data_identity(client: Any, data: Any) -> str:
+    """A digest of the fit's rows: their shape, dtypes and chunking, and the
+    bytes of the first, middle and last chunk of X and y, hashed where they
+    are (on a worker for a store or dask input).  A checkpoint of other data
+    (another target, columns swapped, a store rewritten, another fold) is
+    refused; before, a finished checkpoint handed back the other fit's model.
+    Content, not names: a dask array rebuilt from ``dask.delayed`` loads, or a
+    store copied or mounted elsewhere, is the same data."""
+    import hashlib
 
-    return tokenize(getattr(X, "name", None), None if y is None else getattr(y, "name", None))
+    import dask
+
+    n = data.n_chunks
+    picks = sorted({0, n // 2, n - 1})
+    if data.host is not None:
+        at = data.row_offsets()
+        X, y = data.host
+        parts = [_digest(X[at[i]:at[i + 1]], None if y is None else y[at[i]:at[i + 1]])
+                 for i in picks]
+    else:
+        parts = client.compute(
+            [dask.delayed(_digest)(data.X.blocks[i], None if data.y is None else data.y.blocks[i])
+             for i in picks], sync=True)
+    shapes = [(a.shape, str(a.dtype)) for a in (data.X, data.y) if a is not None]
+    return hashlib.sha1(repr((shapes, data.row_chunks, parts)).encode()).hexdigest()
+
+
+def _digest(X: Any, y: Any) -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    for a in (X, y):
+        if a is not None:
+            h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+    return h.hexdigest()
 
 
 class Checkpointer:

@@ -167,7 +167,7 @@ class Engine:
                                    for b in bundles), plan.batch_size, plan.lanes,
                              plan.random_state)
             source = _BundleSource(source, bundles)
-        fingerprint = {**program.fingerprint(), DATA: data_identity(data.X, data.y),
+        fingerprint = {**program.fingerprint(), **self._data_identity(data),
                        "n_rows": data.n_rows, "n_inputs": data.n_inputs,
                        "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
                        "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs,
@@ -340,6 +340,10 @@ class Engine:
         guard.finish(state)
         return state
 
+    def _data_identity(self, data: Dataset) -> dict[str, str]:
+        """The checkpoint's record of the data (reads three chunks), if checkpointing."""
+        return {DATA: data_identity(self.client, data)} if self.options.checkpoint else {}
+
     def _probe_loss(self, program: StepProgram, state: dict[str, Any], plan: ChunkPlan,
                     source: Any, data: Dataset, epoch: int, step: int, extra: tuple,
                     run: str) -> tuple[float, int] | None:
@@ -481,7 +485,7 @@ class Engine:
         opts = self.options
         plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every,
-                            {**(fingerprint or {}), DATA: data_identity(data.X, data.y),
+                            {**(fingerprint or {}), **self._data_identity(data),
                              "n_rows": data.n_rows,
                              "n_inputs": data.n_inputs,
                              "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,

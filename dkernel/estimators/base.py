@@ -131,6 +131,9 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         checkpoint = getattr(self, "checkpoint", None)
         if checkpoint is None and getattr(self, "resume", False):
             raise ValueError("resume=True needs checkpoint, the file to continue from")
+        if checkpoint is None and getattr(self, "checkpoint_every", 0):
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs checkpoint, the "
+                             "file to write")
         if checkpoint is not None and not (self.checkpoint_every or self.resume):
             raise ValueError(
                 f"checkpoint={checkpoint!r} is written every checkpoint_every steps, and "

@@ -59,8 +59,8 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
         Whether the first line names the columns.  Default: detected (a first
         line with a field that is not a number is a header, unless those
         fields are all missing values such as "" or "?", or the line is
-        ``0,1,...,k`` as pandas numbers unnamed columns: such a line could be
-        data or names, and is refused).  A UTF-8 byte-order mark is skipped.
+        ``0,1,...,k`` (k >= 2) as pandas numbers unnamed columns: such a line
+        could be data or names, and is refused).  A UTF-8 byte-order mark is skipped.
     delimiter : str or None, default "auto"
         Field separator; "auto" picks ``,``, tab or ``;`` from the first line,
         else whitespace; None means runs of whitespace.
@@ -159,9 +159,10 @@ def _first_row(path: str, header: bool | None,
                 f"({', '.join(map(repr, fields[:6]))}{', ...' if len(fields) > 6 else ''}), "
                 "not column names; impute them, or pass --header or --no-header "
                 "(header=True / False) to say what the line is")
-        if len(fields) > 1 and fields == [str(j) for j in range(len(fields))]:
+        if len(fields) > 2 and fields == [str(j) for j in range(len(fields))]:
             # pandas' default column names (DataFrame(array).to_csv(index=False)),
-            # or a data row: stored as data it would add a row and a label
+            # or a data row: stored as data it would add a row and a label (two
+            # fields "0,1" are too often a binary data row to refuse)
             raise IngestError(
                 f"{path}: line {first[0]} reads {','.join(fields[:6])}"
                 f"{',...' if len(fields) > 6 else ''}: column names 0..{len(fields) - 1} "
@@ -313,8 +314,8 @@ def _type_change(path: str, exc: ValueError) -> Exception:
     any other (a parser's "Expected 3 columns, got 2: 3,4") with the file named."""
     text = str(exc)
     if "Mismatched dtypes" not in text:
-        return IngestError(f"{path}: {first_line(exc)}; fix that line, or ingest without "
-                           "--parallel to have its line number")
+        return IngestError(f"{path}: {first_line(exc)}; fix that line (the serial reader, "
+                           "without --parallel, names its line number)")
     rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in text.splitlines()
             if ln.startswith("|")]
     found = {r[0]: r[1] for r in rows[1:] if len(r) >= 3}  # rows[0]: the table's header
