@@ -361,3 +361,34 @@ def test_a_checkpoint_path_holding_a_model_is_refused_and_a_lone_checkpoint_too(
         DSGRegressor(resume=True).fit(X, X[:, 0])
     with pytest.raises(ValueError, match="checkpoint_every=5 needs checkpoint"):
         DSGRegressor(checkpoint_every=5).fit(X, X[:, 0])
+
+
+def test_the_same_rows_rebuilt_under_new_dask_names_resume(client, tmp_path):
+    """dask.delayed loads get a random name each time the array is built: the
+    fingerprint's data record is the rows' content, so a resume (in a new
+    process, which rebuilds the array) is not refused as other data."""
+    import dask
+    import dask.array as da
+
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((800, 3)).astype(np.float32)
+    y = X.sum(axis=1)
+
+    def build():
+        def load(a, i):
+            return a[i * 200:(i + 1) * 200]
+        parts = [dask.delayed(load)(arr, i) for arr in (X, y) for i in range(4)]
+        Xd = da.concatenate([da.from_delayed(p, (200, 3), np.float32) for p in parts[:4]])
+        yd = da.concatenate([da.from_delayed(p, (200,), np.float32) for p in parts[4:]])
+        return Xd, yd
+
+    kw = dict(n_features=64, block_size=32, n_epochs=1, checkpoint=str(tmp_path / "c.npz"),
+              checkpoint_every=2, client=client)
+    X1, y1 = build()
+    X2, y2 = build()
+    assert X1.name != X2.name
+    first = DSGRegressor(**kw).fit(X1, y1)
+    again = DSGRegressor(resume=True, **kw).fit(X2, y2)
+    np.testing.assert_array_equal(again.coef_, first.coef_)
