@@ -84,9 +84,10 @@ def _open_zarr_group(url: str, storage_options: dict | None):
             "a store is a zarr group holding arrays 'X' and optionally 'y'") from None
 
 
-#: The fields of a file's record that change when it is rewritten.
+#: The fields of a file's record that change when it is rewritten (local, S3,
+#: GCS, and Azure's lower-case spelling).
 _STAMP_KEYS = ("mtime", "ino", "size", "ETag", "LastModified", "created", "generation",
-               "md5Hash")
+               "md5Hash", "etag", "last_modified")
 
 
 def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -> da.Array:
