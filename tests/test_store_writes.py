@@ -111,3 +111,26 @@ def test_overwrite_of_an_object_store_prefix_replaces_only_a_store():
     fs.pipe_file("/overwrite/left/X/zarr.json", b"{}")
     assert write_store("memory://overwrite/left", X, y, overwrite=True) == "memory://overwrite/left"
     assert fs.exists("/overwrite/left/zarr.json")
+
+
+def test_a_write_landing_after_the_cleanup_is_removed_too(tmp_path):
+    """zarr writes on its own event-loop thread: a chunk write in flight when
+    SIGTERM interrupted an ingest made the temporary folder again after it was
+    removed (seen once in the suite beside two CPU hogs)."""
+    import threading
+
+    from dkernel.data.store import _remove_settled
+
+    tmp = tmp_path / ".s.zarr.tmp-1-abc"
+    (tmp / "X" / "c").mkdir(parents=True)
+
+    def late_write() -> None:
+        time.sleep(0.1)
+        (tmp / "X" / "c").mkdir(parents=True, exist_ok=True)
+        (tmp / "X" / "c" / "0").write_bytes(b"chunk")
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    _remove_settled(str(tmp))
+    writer.join(timeout=10)
+    assert not tmp.exists()

@@ -97,8 +97,25 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_settled(tmp)
         raise
+
+
+def _remove_settled(tmp: str, quiet: float = 0.3, limit: float = 10.0) -> None:
+    """Remove ``tmp`` until it stays gone for ``quiet`` seconds.  zarr writes on
+    its own event-loop thread: a write in flight when Ctrl-C or SIGTERM
+    interrupted the caller finishes after the first removal and makes the
+    folder again (a half store left behind on a loaded machine)."""
+    deadline, gone_since = time.monotonic() + limit, None
+    while time.monotonic() < deadline:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= quiet:
+            return
+        time.sleep(0.05)
 
 
 # The keys that make a folder of chunks a zarr group (v3, and v2's).
