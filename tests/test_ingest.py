@@ -254,6 +254,21 @@ def test_libsvm_sparse_rows_are_densified(tmp_path):
     np.testing.assert_array_equal(X, np.pad(expected, ((0, 0), (1, 0))))
 
 
+def test_libsvm_labels_past_2_to_the_24_stay_exact_or_are_refused(tmp_path):
+    # float32 holds whole numbers exactly only up to 2**24: 16777217 became
+    # 16777216, merging two classes without a word.
+    (tmp_path / "big.svm").write_text("16777217 1:1\n16777216 1:2\n3 2:1\n")
+    _, _, y = read_store(ingest_libsvm(tmp_path / "big.svm", tmp_path / "a.zarr"))
+    assert y.tolist() == [16777217, 16777216, 3]
+    with pytest.raises(IngestError, match="label 16777217 is not exact in float32; pass y_dtype"):
+        ingest_libsvm(tmp_path / "big.svm", tmp_path / "b.zarr", y_dtype="float32")
+    assert not (tmp_path / "b.zarr").exists()
+    # real-valued targets round as any float32 does
+    (tmp_path / "r.svm").write_text("0.1 1:1\n")
+    _, _, y = read_store(ingest_libsvm(tmp_path / "r.svm", tmp_path / "c.zarr", y_dtype="float32"))
+    assert y.dtype == np.float32
+
+
 # ----------------------------------------------------------------- chunking
 
 def _ten_rows(tmp_path, fmt):

@@ -204,7 +204,19 @@ def scan_range(path: str, rng: Range, zero_based: bool,
 def dense_range(path: str, rng: Range, n_features: int, zero_based: bool, dtype: Any,
                 y_dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     X, y = read_range(path, rng, n_features, zero_based, dtype)
-    return X.toarray().astype(dtype, copy=False), y.astype(y_dtype)
+    return X.toarray().astype(dtype, copy=False), labels_as(y, y_dtype, path)
+
+
+def labels_as(y: np.ndarray, y_dtype: np.dtype, path: str) -> np.ndarray:
+    """``y`` in ``y_dtype``, refusing a whole-number label that the cast would
+    change: float32 holds integers exactly only up to 2**24, so a class id
+    16777217 would silently become 16777216."""
+    out = y.astype(y_dtype)
+    lost = (y == np.round(y)) & (out != y)
+    if lost.any():
+        raise IngestError(f"{path}: label {y[lost][0]:.0f} is not exact in {np.dtype(y_dtype)}; "
+                          "pass y_dtype='float64'")
+    return out
 
 
 def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> int:
@@ -219,7 +231,7 @@ def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> in
 
 @store_params
 def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = None,
-                  zero_based: bool = False, dtype: Any = "float32", y_dtype: Any = "float32",
+                  zero_based: bool = False, dtype: Any = "float32", y_dtype: Any = "float64",
                   chunk_rows: int | None = None, overwrite: bool = False) -> str:
     """Ingest a libsvm / svmlight text file; sparse rows are densified per chunk.
 
@@ -237,8 +249,11 @@ def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = Non
         by an extra pass over the file.
     zero_based : bool, default False
         Whether indices start at 0 (libsvm's own files start at 1).
-    dtype, y_dtype : str or numpy.dtype, default "float32"
-        dtypes of ``X`` and ``y``.
+    dtype : str or numpy.dtype, default "float32"
+        dtype of ``X``.
+    y_dtype : str or numpy.dtype, default "float64"
+        dtype of ``y``: float64 keeps every whole-number label exact (float32
+        only up to 2**24); a label the dtype would change is refused.
     {store params}
     """
     check_out(out, overwrite)  # before the extra pass over a possibly large file
@@ -270,7 +285,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
             while a < len(yr):
                 take = min(chunk_rows - k, len(yr) - a)
                 X[k : k + take] = Xr[a : a + take].toarray()
-                y[k : k + take] = yr[a : a + take]
+                y[k : k + take] = labels_as(yr[a : a + take], y_dtype, path)
                 a, k = a + take, k + take
                 if k == chunk_rows:
                     yield X, y
@@ -283,7 +298,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
 
 def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                            n_features: int | None = None, zero_based: bool = False,
-                           dtype: Any = "float32", y_dtype: Any = "float32",
+                           dtype: Any = "float32", y_dtype: Any = "float64",
                            chunk_rows: int | None = None, overwrite: bool = False,
                            client: Any = None, scheduler: str | None = None,
                            blocksize: int = _BLOCK) -> str:
