@@ -39,8 +39,17 @@ def test_legacy_model_loads_and_answers_the_same(client, path):
         if np.issubdtype(expected[method].dtype, np.integer):
             np.testing.assert_array_equal(out, expected[method], err_msg=method)
         else:
-            np.testing.assert_allclose(out, expected[method], rtol=1e-4, atol=1e-5,
+            np.testing.assert_allclose(out, expected[method], rtol=1e-4, atol=_atol(model),
                                        err_msg=method)
+
+
+def _atol(model) -> float:
+    """A kernel-form prediction sums p float32 terms k(x, c) a_c (k <= 1): its
+    rounding is up to eps32 x |a|_1, which the FALKON file's large coefficients
+    make 3.7e-3 (the kernel rows moved to the centers' mean: 5e-4 apart)."""
+    if not hasattr(model, "centers_"):
+        return 1e-5
+    return max(1e-5, float(np.abs(model.coef_).sum(axis=0).max() * np.finfo(np.float32).eps))
 
 
 def test_model_files_find_classes_by_name_and_names_stay_unique():

@@ -30,7 +30,12 @@ def check_kernel(kernel: str) -> str:
 
 
 def _sq_dist(X: Any, Z: Any) -> Any:
+    """|x - z|^2 by the expansion, about Z's mean: far from the origin the
+    expansion's terms would cancel (solvers.kernel_rows.centers_payload)."""
     xp = namespace(X)
+    if Z.shape[0]:
+        m = Z.mean(axis=0)
+        X, Z = X - m, Z - m
     xx = (X * X).sum(axis=1)[:, None]
     zz = (Z * Z).sum(axis=1)[None, :]
     d2 = xx + zz - 2 * (X @ Z.T)

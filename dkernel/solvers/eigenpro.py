@@ -67,6 +67,7 @@ from dkernel.solvers.kernel_rows import (
     TILE_ROWS,
     buffer,
     cached_rows,
+    centers_payload,
     kernel_into,
     kernel_rows_key,
     rows_products,
@@ -230,7 +231,7 @@ def eigenpro_kernel_partial(payload: dict, chunk: Chunk) -> dict:
         for i in range(0, m, TILE_ROWS):
             r = rows[i : i + TILE_ROWS]
             T = buffer("tile", (r.shape[0], p), np.float32, chunk.X)
-            kernel_into(chunk.X[r], C, C_sq, kernel, bw, T)
+            kernel_into(chunk.X[r], C, C_sq, kernel, bw, T, payload.get("centers_shift"))
             tile_products(T, a, y[i : i + r.shape[0]], sub, g[i : i + r.shape[0]], kg)
     offset = int(payload["offsets"][chunk.key[1]])
     return {"ids": [rows + offset], "g": [_np(g)], "kg": _np(kg),
@@ -276,8 +277,7 @@ class KernelEigenProProgram(StepProgram):
         return state
 
     def constants(self) -> dict[str, Any]:
-        C = self.centers
-        return {"centers": C, "centers_sq": (C * C).sum(axis=1).astype(np.float32),
+        return {**centers_payload(self.centers),
                 "sub_idx": self.sub_idx, "offsets": self.offsets, "kernel": self.kernel,
                 "bandwidth": float(self.bandwidth), "encoding": self.encoding,
                 "cache": self.cache_mode, "centers_token": self.centers_token,
@@ -318,10 +318,11 @@ class KernelEigenProProgram(StepProgram):
 
 def kernel_block(params: dict, X: Any) -> Any:
     """Kernel columns K(X_c, Z) against a subsample: the tall block for :mod:`dkernel.linalg`."""
-    Z = params["Z"]
-    out = namespace(X).empty((X.shape[0], Z.shape[0]), dtype=np.float32)
+    Z = centers_payload(params["Z"])
+    out = namespace(X).empty((X.shape[0], Z["centers"].shape[0]), dtype=np.float32)
     X = X.astype(np.float32, copy=False)
-    return kernel_into(X, Z, (Z * Z).sum(axis=1), params["kernel"], params["bandwidth"], out)
+    return kernel_into(X, Z["centers"], Z["centers_sq"], params["kernel"], params["bandwidth"],
+                       out, Z["centers_shift"])
 
 
 def predict_kernel(X: Any, centers: np.ndarray, coef: np.ndarray, kernel: str, bandwidth: float,
@@ -329,13 +330,13 @@ def predict_kernel(X: Any, centers: np.ndarray, coef: np.ndarray, kernel: str, b
     """f(X) = K(X, C) a, tile by tile through one reused buffer."""
     xp = namespace(X)
     X = X.astype(np.float32, copy=False)
-    C = xp.asarray(centers)
+    c = centers_payload(_np(centers))
+    C, C_sq, shift = (xp.asarray(c[k]) for k in ("centers", "centers_sq", "centers_shift"))
     a = xp.asarray(coef, dtype=np.float32)
-    C_sq = (C * C).sum(axis=1)
     f = xp.empty((X.shape[0], a.shape[1]), dtype=np.float32)
     T = xp.empty((min(tile_rows, X.shape[0]), C.shape[0]), dtype=np.float32)
     for i in range(0, X.shape[0], tile_rows):
         j = min(X.shape[0], i + tile_rows)
-        kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T[: j - i])
+        kernel_into(X[i:j], C, C_sq, kernel, bandwidth, T[: j - i], shift)
         xp.matmul(T[: j - i], a, out=f[i:j])
     return f

@@ -45,6 +45,7 @@ from dkernel.engine.program import Chunk
 from dkernel.solvers.kernel_rows import (
     buffer,
     cached_rows,
+    centers_payload,
     kernel_into,
     range_products,
 )
@@ -120,9 +121,9 @@ class FalkonPreconditioner:
 
 def center_kernel(C: np.ndarray, kernel: str, bandwidth: float) -> np.ndarray:
     """K(C, C) in float32, the same arithmetic as the kernel rows of the passes."""
-    C = np.ascontiguousarray(C, dtype=np.float32)
+    c = centers_payload(C)
     out = np.empty((C.shape[0], C.shape[0]), dtype=np.float32)
-    return kernel_into(C, C, (C * C).sum(axis=1), kernel, bandwidth, out)
+    return kernel_into(c["centers"], c["centers"], c["centers_sq"], kernel, bandwidth, out)
 
 
 # --- worker side of a pass -----------------------------------------------------------
@@ -150,7 +151,7 @@ def falkon_partial(payload: dict, chunk: Chunk) -> dict:
             _, wt = range_products(stored, mode, i, j, v, Yt, rt)
         else:
             K = buffer("falkon-tile", (j - i, p), np.float32, chunk.X)
-            kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K)
+            kernel_into(chunk.X[i:j], C, C_sq, kernel, bw, K, payload.get("centers_shift"))
             xp.matmul(K, v, out=rt)
             if Yt is not None:
                 rt -= Yt

@@ -21,6 +21,7 @@ from dkernel.solvers.falkon import (
     falkon_partial,
     falkon_solve,
 )
+from dkernel.solvers.kernel_rows import centers_payload
 from dkernel.solvers.targets import TargetEncoding
 
 #: alpha="auto" in the all-rows solve: lambda of (1/n)|K_nM a - y|^2 + lambda a^T K_MM a.
@@ -63,8 +64,7 @@ class NystromRoute(KernelRoute):
         pre = FalkonPreconditioner.from_kernel(center_kernel(centers, est.kernel, bandwidth), lam)
         t_pre = time.perf_counter() - t0
         mode = cache_mode(est, fit.client, data, p)
-        constants = {"centers": centers,
-                     "centers_sq": (centers * centers).sum(axis=1).astype(np.float32),
+        constants = {**centers_payload(centers),
                      "kernel": est.kernel, "bandwidth": float(bandwidth), "encoding": encoding,
                      "cache": mode,
                      "centers_token": dask.base.tokenize(data.X.name, est.kernel, bandwidth, idx)}
