@@ -605,6 +605,50 @@ def test_an_epoch_that_ends_above_its_start_is_replayed_with_half_the_step(clien
     assert engine.history[0]["steps"] == 3  # the accepted attempt's
 
 
+class _Still:
+    label, supports_backoff = "still", True
+
+    def divergence_hint(self):
+        return "use a smaller step_size"
+
+
+def test_two_row_batches_are_pooled_before_the_guard_calls_them_diverged():
+    # A fit that cannot move (step_size=1e-6) on 2-row batches: its batch
+    # losses are chi^2_2 / 2 draws around the true loss, and one in 55 is past
+    # 4x -- EigenProRegressor(alpha=1.0) stopped with DivergenceError at step 18.
+    from dkernel.engine.guard import POOL_ROWS, DivergenceGuard
+
+    rng = np.random.default_rng(0)
+    guard = DivergenceGuard(_Still())
+    state = guard.start({"w": np.zeros(1)})
+    for step, loss in enumerate(rng.chisquare(2, 3000) / 2):
+        assert guard.before_update(state, {"loss": 2 * loss, "count": 2}, step) is None
+    assert not guard.backoffs and state["guard_reference_rows"] >= POOL_ROWS
+    # a real blow-up still stops within a pool of rows
+    for step in range(3000, 3000 + POOL_ROWS):
+        restored = guard.before_update(state, {"loss": 2 * 10.0 ** (step - 2990), "count": 2}, step)
+        if restored is not None:
+            break
+    assert guard.backoffs and step < 3000 + 20
+    # batches of POOL_ROWS rows or more are judged one by one, as before
+    big = DivergenceGuard(_Still())
+    state = big.start({"w": np.zeros(1)})
+    assert big.before_update(state, {"loss": 1.0 * POOL_ROWS, "count": POOL_ROWS}, 0) is None
+    assert big.before_update(state, {"loss": 4.1 * POOL_ROWS, "count": POOL_ROWS}, 1) is not None
+
+
+def test_a_large_alpha_with_its_tiny_automatic_batch_fits_instead_of_diverging(client):
+    # alpha=1 made EigenPro's critical batch 3 rows: the guard's 4x test on
+    # single batches raised DivergenceError; kernel ridge scores R^2 0.13 here
+    from dkernel import EigenProRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1]
+    m = EigenProRegressor(alpha=1.0, bandwidth=1.0, n_epochs=1, client=client).fit(X, y)
+    assert m.batch_size_ <= 3 and m.step_backoffs_ == [] and m.score(X, y) > 0.1
+
+
 class _Drift(_Line):
     """Steps that move w away from w* = 1 by 0.45 x the step scale, whatever
     the gradient: no step is small enough to help."""

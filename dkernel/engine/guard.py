@@ -2,8 +2,10 @@
 
 A step's partial results carry the mini-batch loss of the state the step
 started from.  The first step's loss (the starting model: zero coefficients,
-i.e. predicting the mean or the prior) is the reference.  A step whose loss
-is not finite, or larger than ``factor`` (4) times the reference (an R^2 of -3), or a state
+i.e. predicting the mean or the prior) is the reference (the first steps',
+pooled to ``POOL_ROWS`` rows when batches are smaller).  A step whose loss
+is not finite, or larger than ``factor`` (4) times the reference (an R^2 of -3)
+over the last ``POOL_ROWS`` rows at least, or a state
 holding NaN/inf, means the iteration is blowing up: the guard puts back the
 last state whose loss was no worse than the reference, halves ``state["step_scale"]`` (which every
 program that ``supports_backoff`` multiplies into its step) and records it.
@@ -100,6 +102,8 @@ class DivergenceGuard:
         #: loss of the state the fit ended with, where the probe after the last
         #: epoch measured it (:meth:`end_epoch`); :meth:`finish` judges by it
         self.end_loss: float | None = None
+        #: (loss, rows) of the last steps the ratio test pools (:meth:`_judged`)
+        self.pool: list[tuple[float, int]] = []
         #: (applied, recent) read back from a checkpoint inside an epoch (:meth:`resume`)
         self._resumed: tuple[int, list[float]] | None = None
 
@@ -118,21 +122,21 @@ class DivergenceGuard:
         """Called with the state a step's partials were computed on.  Returns
         None when healthy (the update goes ahead), else the state to continue
         from (the step's update is skipped)."""
-        loss = None
+        loss = judged = None
         if "loss" in total and total.get("count"):
-            loss = float(np.sum(total["loss"])) / float(total["count"])
-            if "guard_reference" not in state and math.isfinite(loss):
-                # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
-                # scale to compare with: 0 disables the ratio test for this fit
-                state["guard_reference"] = loss if loss > 1e-8 else 0.0
-                state["guard_reference_rows"] = int(total["count"])
+            rows = int(total["count"])
+            loss = float(np.sum(total["loss"])) / rows
+            if math.isfinite(loss):
+                judged = self._judged(state, loss, rows)
         ref = state.get("guard_reference") or None
         bad = not _finite(state) or (loss is not None and (
-            not math.isfinite(loss) or (ref is not None and loss > self.factor * ref)))
+            not math.isfinite(loss) or (ref is not None and judged is not None
+                                        and judged > self.factor * ref)))
         if not bad:
             # only a state no worse than the start is worth returning to: one
             # already drifting up (between 1x and 4x) would diverge again
-            if loss is None or ref is None or loss <= ref:
+            level = loss if judged is None else judged
+            if level is None or ref is None or level <= ref:
                 self.snapshot = _copy_into(self.snapshot, state)
                 self.snapshot_loss = loss
                 self.snapshot_applied = self.applied
@@ -148,8 +152,9 @@ class DivergenceGuard:
                     self.epoch["rows"] += rows
             return None
         label = getattr(self.program, "label", "fit")
-        if loss is not None and ref is not None:
-            what = f"loss {loss:.3g} against {ref:.3g} for the starting model"
+        self.pool = []  # the state changes: the losses pooled so far describe another
+        if judged is not None and ref is not None:
+            what = f"loss {judged:.3g} against {ref:.3g} for the starting model"
         elif loss is not None and not math.isfinite(loss):
             what = f"loss {loss}"
         else:
@@ -175,6 +180,33 @@ class DivergenceGuard:
             self.epoch["loss"], self.epoch["rows"] = 0.0, 0
         return restored
 
+    def _judged(self, state: dict[str, Any], loss: float, rows: int) -> float | None:
+        """The loss the ratio test reads: the mean over the last steps that hold
+        at least ``POOL_ROWS`` rows (one step when its batch is that large, as
+        every default batch is).  A mini-batch of 2 rows is no measure: its loss
+        went past 4x a first batch's on a fit that could not move
+        (``step_size=1e-6``).  The reference pools the first steps the same
+        way; until it holds ``POOL_ROWS`` rows it is their mean, and no step is
+        judged.  None: no ratio test for this step."""
+        ref_rows = int(state.get("guard_reference_rows", 0))
+        if "guard_reference" not in state or ref_rows < POOL_ROWS:
+            ref = float(state.get("guard_reference", 0.0))
+            total = ref * ref_rows + loss * rows
+            # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
+            # scale to compare with: 0 disables the ratio test for this fit
+            mean = total / (ref_rows + rows) if ref_rows == 0 or ref > 0 else 0.0
+            state["guard_reference"] = mean if mean > 1e-8 else 0.0
+            state["guard_reference_rows"] = ref_rows + rows
+            self.pool = [(loss, rows)]
+            return None
+        self.pool.append((loss, rows))
+        while sum(r for _, r in self.pool[1:]) >= POOL_ROWS:
+            self.pool.pop(0)
+        pooled = sum(r for _, r in self.pool)
+        if pooled < POOL_ROWS:
+            return None
+        return sum(v * r for v, r in self.pool) / pooled
+
     def begin_epoch(self, state: dict[str, Any], epoch: int) -> None:
         """Keep the state an epoch starts from, to replay the epoch from it."""
         self.epoch = {"index": int(epoch), "state": copy.deepcopy(state), "applied": self.applied,
@@ -188,8 +220,15 @@ class DivergenceGuard:
         epoch's starting one with its step scale halved).  ``probe``: (loss,
         rows) of the end state itself, measured after the fit's last epoch,
         which is judged by the worse of it and its steps' mean."""
+        if probe is not None and probe[1] < POOL_ROWS and self.pool:
+            # a probe of one small batch is no measure (_judged): pooled with the
+            # last steps' losses, measured on states just before the end one
+            pooled = [*self.pool, probe]
+            rows = sum(r for _, r in pooled)
+            probe = (sum(v * r for v, r in pooled) / rows, rows)
         ep, self.epoch = self.epoch, None
         ref = state.get("guard_reference")
+        self.pool = []  # whatever follows starts from a state these losses did not see
         if (ep is None or not ref or not getattr(self.program, "supports_backoff", False)
                 or not (ep["rows"] or probe)):
             return state, False
@@ -351,6 +390,10 @@ def end_margin(reference_rows: int, end_rows: int) -> float:
 
 #: The guard's entries in a program's state (checkpointed with it).
 _KEYS = ("guard_reference", "guard_reference_rows", "step_scale")
+#: Rows the ratio test pools before it judges (:meth:`DivergenceGuard._judged`):
+#: their mean squared error is within 4x of the population's unless something
+#: is wrong, where 2 rows' is not (chi^2_2 / 2 > 4 with probability e^-4 = 1.8%).
+POOL_ROWS = 256
 
 #: Least margin above the starting loss that replays an epoch (:func:`end_margin`).
 _END_FLOOR = 0.05
