@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from typing import Any
 
 import dask
 import numpy as np
 
+from dkernel.engine.guard import FitQualityWarning
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
 from dkernel.estimators.eigenpro.route import cache_mode, predict_block, rows_as_float32
 from dkernel.estimators.fitting import FitContext
@@ -20,6 +22,7 @@ from dkernel.solvers.falkon import (
     center_kernel,
     falkon_partial,
     falkon_solve,
+    unconverged,
 )
 from dkernel.solvers.kernel_rows import centers_payload
 from dkernel.solvers.targets import TargetEncoding
@@ -95,6 +98,10 @@ class NystromRoute(KernelRoute):
             return k - best["epoch"] >= int(est.n_iter_no_change)
 
         result = falkon_solve(one_pass, pre, n, encoding.n_outputs, int(est.n_epochs), on_iter)
+        short = None if best else unconverged(result, int(est.n_epochs))
+        if short is not None:  # early stopping chose its iterate on held-out rows
+            warnings.warn(f"eigenpro (n_centers={p} of {n} rows): {short}", FitQualityWarning,
+                          stacklevel=3)
         est.form_, est.solver_, est.centers_ = "kernel", "falkon", centers
         est.coef_ = best["coef"] if best else result.coef
         est.best_epoch_ = best["epoch"] + 1 if best else None
