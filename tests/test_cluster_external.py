@@ -263,6 +263,42 @@ def test_store_not_visible_on_workers_is_an_error_not_zeros(client, tmp_path):
         DSGClassifier(bandwidth=1.0, n_features=64, n_epochs=1, client=client).fit(data.X, data.y)
 
 
+def _can_unshare_mounts() -> bool:
+    try:
+        return subprocess.run(["unshare", "--mount", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs unshare --mount (root)")
+def test_an_output_the_workers_do_not_see_is_refused_not_written_as_zeros(tmp_path):
+    # A real worker whose output folder is another disk (a tmpfs mounted over it
+    # in its own mount namespace), as on a host without the shared file system:
+    # predict, ingest and make-store wrote their chunks there, renamed a store
+    # of metadata only and reported success; every value read back as 0.
+    from dkernel.datasets import make_store as make
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with LocalCluster(n_workers=0, dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as c:
+        worker = subprocess.Popen(
+            ["unshare", "--mount", "bash", "-c", f"mount -t tmpfs none {out} && exec \"$@\"", "x",
+             sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--nthreads", "1", "--no-dashboard"],
+            env=recipe_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            c.wait_for_workers(1, timeout=60)
+            with pytest.raises(FileNotFoundError, match="is not visible on the workers"):
+                make(out / "ms.zarr", 1000, D, chunk_rows=CHUNK, random_state=1, client=c)
+            assert os.listdir(out) == []  # no store, no temporary left on the client's side
+        finally:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+
 def _worker_malloc(c):
     return list(c.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC}).values())
 

@@ -205,6 +205,27 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
     return os.fspath(path)
 
 
+def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
+    """Refuse to let workers write a local store they do not see.  zarr writes
+    a chunk under whatever the path means on the worker: without a shared
+    file system (or with another disk mounted there) the chunks land on the
+    worker, the client renames a store of metadata only, and every value
+    reads back as 0 -- a prediction, an ingest or make-store that says it
+    wrote its output.  The temporary store's metadata, written here, must be
+    visible on every worker."""
+    root = getattr(group.store, "root", None)
+    if root is None:  # an object store: one namespace for every process
+        return
+    marker = os.path.join(str(root), "zarr.json")
+    seen = client.run(os.path.exists, marker)
+    blind = sorted(w for w, ok in seen.items() if not ok)
+    if blind:
+        raise FileNotFoundError(
+            f"the output {os.fspath(path)!r} is not visible on the workers at {', '.join(blind)}; "
+            "every worker must write under the same path (a shared file system), "
+            "or write to a URL such as s3://")
+
+
 def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], chunk_rows: int,
                  *, overwrite: bool = False, attrs: dict | None = None) -> str:
     """Write dask arrays of rows (None: left out) as the arrays of a store at
@@ -215,6 +236,7 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
     import dask.array as da
 
     with atomic_store(path, overwrite) as group:
+        require_shared(client, group, path)
         sources, targets = [], []
         for name, a in arrays.items():
             if a is not None:

@@ -61,7 +61,13 @@ def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int 
     ``client``: the cluster that writes it; None writes it in this process,
     chunk by chunk (small stores, tests).
     """
-    from dkernel.data.store import atomic_store, create_array, run_writes, store_location
+    from dkernel.data.store import (
+        atomic_store,
+        create_array,
+        require_shared,
+        run_writes,
+        store_location,
+    )
     from dkernel.engine.progress import Progress
 
     if kind not in ("classification", "regression"):
@@ -82,6 +88,7 @@ def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int 
                 _write_chunk(*a)
                 bar.update(1)
         else:
+            require_shared(client, group, path)
             # a failed chunk fails the whole store (nothing is renamed)
             run_writes(client, [client.submit(_write_chunk, *a, pure=False) for a in args],
                        each=lambda _: bar.update(1))

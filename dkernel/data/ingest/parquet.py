@@ -20,7 +20,14 @@ import numpy as np
 from dkernel._extras import require
 from dkernel.data.ingest.common import IngestError, cast_finite, first_line
 from dkernel.data.ingest.parallel import on_cluster, refuse_missing, table_columns
-from dkernel.data.store import atomic_store, check_out, create_array, default_chunk_rows, run_writes
+from dkernel.data.store import (
+    atomic_store,
+    check_out,
+    create_array,
+    default_chunk_rows,
+    require_shared,
+    run_writes,
+)
 
 #: Bytes of ``X`` one task reads and writes.
 _PARQUET_BLOCK = 64 * 2**20
@@ -98,6 +105,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     spans = [(a, min(n, a + per_task)) for a in range(0, n, per_task)]
     with on_cluster(client, "ingest_parquet", scheduler) as c, \
             atomic_store(out, overwrite) as group:
+        require_shared(c, group, out)
         X = create_array(group, "X", (n, len(x_cols)), dtype, chunk_rows)
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
