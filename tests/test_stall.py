@@ -66,3 +66,21 @@ def test_wait_running_returns_on_a_running_cluster(client):
     stall.wait_running(client, futs)
     assert client.gather(futs) == [1, 2, 3, 4]
     stall.wait_running(client, [None, 3])  # nothing to wait for
+
+
+def test_a_fit_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fast_watch,
+                                                                            monkeypatch):
+    # A worker without scipy died of its first task; the fit's pass over y then
+    # waited on a cluster of no workers for ever, and SIGTERM could not end it.
+    monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        fut = c.submit(time.sleep, 60, pure=False)
+        cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while workers_info(c) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="has had no workers for .* DKERNEL_WORKER_TIMEOUT"):
+            stall.wait_running(c, [fut], label="a step")
+        assert time.monotonic() - t0 < 10

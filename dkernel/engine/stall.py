@@ -17,6 +17,7 @@ finished, :class:`WorkersPaused` says what to change instead of hanging.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Iterable
@@ -24,7 +25,9 @@ from typing import Any
 
 from distributed import Client, Future, wait
 
-from dkernel.engine.cluster import workers_info
+from dkernel.engine.cluster import worker_timeout, workers_info
+
+_log = logging.getLogger("dkernel.engine")
 
 #: seconds between checks of the workers' status while tasks are pending
 _CHECK_SECONDS = 5.0
@@ -79,7 +82,7 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
     try:
         return client.scatter(data, **kwargs)
     except TimeoutError as err:
-        workers = _workers(client)
+        workers = _workers(client) or {}
         paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
         if not paused:
             raise
@@ -90,11 +93,11 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
             f"{_ADVICE}") from err
 
 
-def _workers(client: Client) -> dict[str, dict]:
+def _workers(client: Client) -> dict[str, dict] | None:
     try:
         return workers_info(client)
     except Exception:  # the scheduler busy or gone: the caller's wait decides
-        return {}
+        return None
 
 
 class PauseWatch:
@@ -108,12 +111,17 @@ class PauseWatch:
         self.warned: set[str] = set()
         self.pending: int | None = None
         self.progress_at = time.monotonic()
+        #: since when the scheduler has listed no worker (None: it has some)
+        self.empty_since: float | None = None
 
     def check(self, pending: int) -> None:
         now = time.monotonic()
         if self.pending is None or pending < self.pending:
             self.pending, self.progress_at = pending, now
         workers = _workers(self.client)
+        if workers is None:
+            return
+        self._check_some(workers, pending, now)
         paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
         self.paused_since = {a: self.paused_since.get(a, now) for a in paused}
         for a, w in paused.items():
@@ -131,6 +139,25 @@ class PauseWatch:
                 f"{_where(self.label)} stopped: every worker has been paused by Dask's memory "
                 f"guard for {now - since:.0f} s and none of its {pending} waiting tasks ran "
                 f"({first}: {_held(paused[first])}). {_ADVICE}")
+
+
+    def _check_some(self, workers: dict, pending: int, now: float) -> None:
+        """Stop when the cluster has had no worker for ``$DKERNEL_WORKER_TIMEOUT``
+        seconds: every worker lost (killed, or dead of an import error in the
+        first task), the tasks waited for ever, and Ctrl-C did not end it."""
+        if workers:
+            self.empty_since = None
+            return
+        if self.empty_since is None:
+            self.empty_since = now
+            _log.warning("%s: the cluster has no workers left; waiting up to %g s for one",
+                         _where(self.label), worker_timeout())
+        waited = now - self.empty_since
+        if waited >= worker_timeout():
+            raise RuntimeError(
+                f"{_where(self.label)} stopped: the cluster has had no workers for {waited:.0f} s "
+                f"(they were lost) and {pending} of its tasks wait; start workers, or set "
+                "DKERNEL_WORKER_TIMEOUT to wait longer")
 
 
 _ADVICE = ("Dask pauses a worker above 80% of its memory limit "

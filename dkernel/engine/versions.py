@@ -25,8 +25,9 @@ from dkernel.engine import _probe
 
 #: The packages whose versions must match: dkernel's own (refused when it
 #: differs), and those that carry its tasks and data (a warning when they
-#: differ, refused when missing).
-PACKAGES = ("dkernel", "dask", "distributed", "numpy", "zarr")
+#: differ, refused when missing: a worker without scipy passed, and its first
+#: task killed it).
+PACKAGES = ("dkernel", "dask", "distributed", "numpy", "zarr", "scipy", "sklearn")
 
 #: Seconds to wait for the workers to come back after an upload restarts them.
 UPLOAD_TIMEOUT = 120.0

@@ -7,8 +7,8 @@ its own: the program it builds and the state it keeps."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -90,10 +90,24 @@ class FitContext:
         """(sample, ``work()``): a pass over y (its mean or classes) runs on the
         cluster while the sample is read (none for ``size=0``); both are fixed
         costs of every fit."""
-        with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(work)
-            rows = self.sample(size) if size else None
-            return rows, pending.result()
+        # a daemon thread, not an executor: an executor's exit (and the
+        # interpreter's) joins its thread, so Ctrl-C or SIGTERM during a pass
+        # that waited on a cluster without workers could not end the process
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = work()
+            except BaseException as err:  # handed to the caller's thread
+                box["error"] = err
+
+        thread = threading.Thread(target=run, name="dkernel-pass-over-y", daemon=True)
+        thread.start()
+        rows = self.sample(size) if size else None
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return rows, box["value"]
 
     def bandwidth(self, sample: np.ndarray | None, bandwidth: Any = None,
                   kernel: str | None = None) -> float:
