@@ -8,7 +8,9 @@
 #
 #   deploy/install.sh SOURCE VENV        (PYTHON=python3.11 to choose the interpreter)
 set -eu
-src=$1
+# an absolute SOURCE: pip reads a bare relative name ("src[deploy]") as a
+# project on PyPI, and downloaded and built the package of that name
+src=$(cd "$1" && pwd)
 venv=$2
 "${PYTHON:-python3}" -m venv "$venv"
 "$venv/bin/python" -m pip install --no-cache-dir --disable-pip-version-check \
