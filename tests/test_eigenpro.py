@@ -399,6 +399,23 @@ def test_a_conjugate_gradient_solve_stopped_short_warns_naming_n_epochs(client):
     assert done.history_[-1]["residual"] < 0.02
 
 
+@pytest.mark.parametrize("kw", [dict(q=199), dict(q=5000), dict(n_features=256, q=255)],
+                         ids=["kernel-q-at-rank", "kernel-q-past-rows", "features-q-at-D"])
+def test_a_given_q_past_the_samples_rank_is_refused_naming_a_usable_q(client, kw):
+    # lambda_{q+1} <= 0 there: a complex power (TypeError) or a division by zero
+    X = _points(200, 3, seed=3)
+    with pytest.raises(ValueError, match=r"q=\d+: .* not positive .* pass q <= \d+"):
+        EigenProRegressor(bandwidth=1.0, client=client, **kw).fit(X, X[:, 0])
+
+
+@pytest.mark.parametrize("kw, name", [(dict(subsample_size=1), "subsample_size"),
+                                      (dict(n_features=1), "n_features")])
+def test_a_preconditioner_of_one_pair_is_refused_naming_the_setting(client, kw, name):
+    X = _points(200, 3, seed=3)
+    with pytest.raises(ValueError, match=f"raise {name}"):
+        EigenProRegressor(bandwidth=1.0, client=client, **kw).fit(X, X[:, 0])
+
+
 def test_default_centers_above_the_all_rows_limit_use_every_row(client, monkeypatch):
     import dkernel.estimators.eigenpro as est
 

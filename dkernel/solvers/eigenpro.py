@@ -112,6 +112,21 @@ def choose_q(values: np.ndarray, alpha: float, beta: float, max_batch: int) -> i
     return q
 
 
+def given_q(q: int, values: np.ndarray, limit: int) -> int:
+    """A ``q`` the user gave, at most ``limit - 1`` (the pairs computed and
+    trusted; the model's ``q_`` records what ran).  lambda_{q+1} must be
+    positive: past the sample's rank it is rounding noise, and a negative one
+    crashed the step size (a complex power) or divided by zero."""
+    used = min(int(q), int(limit) - 1)
+    if used >= 1 and values[used] > 0:
+        return used
+    usable = int(np.sum(np.asarray(values[:limit]) > 0)) - 1
+    fix = f"pass q <= {usable} or leave q='auto'" if usable >= 1 else "leave q='auto'"
+    raise ValueError(f"q={q}: the preconditioner's eigenvalue lambda_{used + 1} is "
+                     f"{float(values[used]):.3g}, not positive (the sample resolves no direction "
+                     f"past its rank); {fix}")
+
+
 #: Pairs the automatic kernel-form preconditioner asks for when q is not given
 #: (EigenPro 2 computes 1000 eigenpairs of its subsample as well).
 AUTO_PAIRS = 1001
@@ -149,6 +164,9 @@ def subsample_preconditioner(engine: Any, S: np.ndarray, kernel: str, bandwidth:
     lambda_{q+1} is among them.  ``n_pairs`` overrides how many are computed.
     """
     s = S.shape[0]
+    if s < 2:  # q >= 1 flattens lambda_1 down to lambda_2
+        raise ValueError(f"the preconditioner's subsample has {s} row; it needs 2 or more: "
+                         "raise subsample_size")
     if n_pairs is None:
         n_pairs = AUTO_PAIRS if q is None else 3 * (int(q) + 1)
     n_pairs = min(s, int(n_pairs))
@@ -164,7 +182,7 @@ def subsample_preconditioner(engine: Any, S: np.ndarray, kernel: str, bandwidth:
     if q is None:
         q = choose_q(eig.values[:trusted], damping, beta, max_batch)
     else:
-        q = min(int(q), trusted - 1)
+        q = given_q(q, eig.values, trusted)
     pre = KernelPreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, damping)
     return pre, eig
 

@@ -47,7 +47,7 @@ from dkernel.backend import asarray_like, namespace
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
 from dkernel.features import FeatureMap
-from dkernel.solvers.eigenpro import critical_batch, step_size, trusted_pairs
+from dkernel.solvers.eigenpro import critical_batch, given_q, step_size, trusted_pairs
 from dkernel.solvers.feature_cache import mode_of
 from dkernel.solvers.fused import pool_gradient
 from dkernel.solvers.local_steps import (
@@ -133,6 +133,11 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
 
     D = n_blocks * features.block_size
     s = sample.shape[0]
+    if min(D, s) < 2:  # q >= 1 flattens lambda_1 down to lambda_2
+        raise ValueError(f"the preconditioner needs 2 eigenpairs or more, and {D} feature(s) "
+                         f"of {s} sample row(s) give {min(D, s)}: raise n_features (or the "
+                         "sample's rows: subsample_size, init_rows), or pass preconditioner=None "
+                         "where the estimator has one")
     n_pairs = min(D, s, (int(q) + 1) if q is not None else int(max_pairs))
     # the number of chunks follows the work (one per ~_GRAM_FLOP of s x D x D, at
     # least _GRAM_ROWS rows), never the cluster: the sums, hence the model, must
@@ -152,7 +157,7 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
     values = eig.values
     if resolved_only:
         values = values[: min(trusted_pairs(eig), resolved_pairs(values, beta, s))]
-    q = min(int(q), n_pairs - 1) if q is not None else choose_q_rf(values, beta, max_batch)
+    q = given_q(q, eig.values, n_pairs) if q is not None else choose_q_rf(values, beta, max_batch)
     return FeaturePreconditioner(eig.values[: q + 1], eig.vectors[:, :q], q, tau), beta, eig
 
 
