@@ -213,3 +213,27 @@ def test_a_missing_label_in_a_store_is_named_as_missing_not_as_a_fraction(client
     store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=100)
     with pytest.raises(ValueError, match=r"y holds nan labels \(missing values\); drop or label"):
         DSGClassifier(n_features=32, block_size=32, n_epochs=1, client=client).fit(store)
+
+
+def test_set_params_after_a_fit_does_not_change_its_predictions(client):
+    # predictions read the settings the fit ran, not the parameters as they are
+    # now: the kernel form's kernel, the sphere's s / input_map, DSG's loss
+    from dkernel import DSGClassifier, EigenProRegressor, SphereRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1]
+    cases = [
+        (EigenProRegressor(bandwidth=1.0, n_epochs=2, client=client), y, "predict",
+         {"kernel": "laplacian"}),
+        (EigenProRegressor(bandwidth=1.0, n_centers=50, n_epochs=30, client=client), y, "predict",
+         {"kernel": "cauchy"}),
+        (SphereRegressor(form="kernel", client=client), y, "predict", {"s": 3.0}),
+        (SphereRegressor(client=client), y, "predict", {"input_map": "stereographic"}),
+        (DSGClassifier(n_features=128, n_epochs=1, client=client), y > 0, "predict_proba",
+         {"loss": "logistic"}),
+    ]
+    for est, target, method, change in cases:
+        before = getattr(est.fit(X, target), method)(X[:20])
+        est.set_params(**change)
+        np.testing.assert_array_equal(getattr(est, method)(X[:20]), before, err_msg=str(change))

@@ -136,6 +136,13 @@ class _DSGBase(BaseEstimator):
     def _loss(self) -> str:
         return self._default_loss if self.loss is None else self.loss
 
+    @property
+    def _fitted_loss(self) -> str:
+        """The loss the fit ran, which predictions read (``loss_``; a model
+        file's parameter): set_params(loss=...) after a fit changed
+        predict_proba, or removed it."""
+        return getattr(self, "loss_", None) or self._loss
+
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
         with FitContext(self, X, y, target=self._task) as fit:
@@ -242,6 +249,7 @@ class _DSGBase(BaseEstimator):
     def _set_fitted(self, features: FeatureMap, encoding: TargetEncoding, coef: np.ndarray) -> None:
         self._keep_pool(features, coef.shape[0])
         self.encoding_ = encoding
+        self.loss_ = self._loss
         self.coef_ = coef
 
     def _decision(self, X: Any) -> Any:
@@ -421,12 +429,12 @@ class DSGClassifier(ClassifierOutputs, ClassifierMixin, _DSGBase):
             return "onehot"
         return "binary" if classes.size == 2 else "ovr"
 
-    @available_if(lambda self: self._loss in ("softmax", "logistic"))
+    @available_if(lambda self: self._fitted_loss in ("softmax", "logistic"))
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities (softmax / logistic losses only: absent for the others)."""
         f = self._decision(self._validated(X))
         xp = da if isinstance(f, da.Array) else np
-        if self._loss == "softmax":
+        if self._fitted_loss == "softmax":
             z = xp.exp(f - f.max(axis=1, keepdims=True))
             return z / z.sum(axis=1, keepdims=True)
         p = 1 / (1 + xp.exp(-f))

@@ -138,6 +138,8 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
 
     def _set_fitted(self, payload: dict, state: dict, n_inputs: int, N: int) -> None:
         self.form_ = payload["form"]
+        # what predictions read: set_params after the fit must not change them
+        self.input_map_, self.scale_, self.s_ = self.input_map, float(self.scale), float(self.s)
         self.d_ = payload["d"]
         self.max_level_ = payload["max_level"]
         self.n_features_in_ = n_inputs
@@ -159,16 +161,19 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
         self._check_fitted("form_")
         X = validate_predict_input(self, X)
         c = self.n_outputs_
+        # model files keep the settings as parameters; a fit records them
+        input_map = getattr(self, "input_map_", self.input_map)
+        scale = getattr(self, "scale_", float(self.scale))
         if self.form_ == "features":
-            feats, input_map, scale = self.features_, self.input_map, float(self.scale)
+            feats = self.features_
 
             def fn(Xb: Any) -> Any:
                 return feats.transform(to_sphere(Xb, input_map, scale)) @ coef
         else:
             alpha = self.dual_coef_ if N is None else averaged_kernel_coefficients(self.alpha_, N)
             n = alpha.shape[0]
-            sup, lev, d, s = self.support_[:n], self.level_[:n], self.d_, float(self.s)
-            input_map, scale = self.input_map, float(self.scale)
+            sup, lev, d = self.support_[:n], self.level_[:n], self.d_
+            s = getattr(self, "s_", float(self.s))
 
             def fn(Xb: Any) -> Any:
                 return _kernel_eval(to_sphere(Xb, input_map, scale), sup, alpha, lev, d, s)

@@ -76,6 +76,7 @@ class KernelRoute(Route):
         state = fit.run_steps(program, batch, resident=resident, evaluate=self.evaluator(
             fit, encoding, lambda st: {"kind": "kernel", "centers": centers, "kernel": est.kernel,
                                        "bandwidth": bandwidth, "coef": st["coef"]}))
+        est.kernel_ = est.kernel
         est.form_, est.solver_, est.centers_, est.coef_ = "kernel", "eigenpro", centers, \
             state["coef"]
         est.n_centers_ = est.n_rows_used_ = n
@@ -106,8 +107,10 @@ class KernelRoute(Route):
 
     @staticmethod
     def predict_spec(est: Any, coef: np.ndarray) -> dict:
-        return {"kind": "kernel", "centers": est.centers_, "kernel": est.kernel,
-                "bandwidth": est.bandwidth_, "coef": coef}
+        # the kernel the fit ran (model files keep it as the parameter)
+        return {"kind": "kernel", "centers": est.centers_,
+                "kernel": getattr(est, "kernel_", est.kernel), "bandwidth": est.bandwidth_,
+                "coef": coef}
 
     @staticmethod
     def save(est: Any, arrays: dict, meta: dict) -> None:

@@ -103,6 +103,7 @@ class NystromRoute(KernelRoute):
             warnings.warn(f"eigenpro (n_centers={p} of {n} rows): {short}", FitQualityWarning,
                           stacklevel=3)
         est.form_, est.solver_, est.centers_ = "kernel", "falkon", centers
+        est.kernel_ = est.kernel
         est.coef_ = best["coef"] if best else result.coef
         est.best_epoch_ = best["epoch"] + 1 if best else None
         est.n_centers_, est.n_rows_used_, est.alpha_ = p, n, lam
