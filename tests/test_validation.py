@@ -237,3 +237,33 @@ def test_set_params_after_a_fit_does_not_change_its_predictions(client):
         before = getattr(est.fit(X, target), method)(X[:20])
         est.set_params(**change)
         np.testing.assert_array_equal(getattr(est, method)(X[:20]), before, err_msg=str(change))
+
+
+def test_small_edges_of_the_scikit_learn_api(client):
+    # found by a helper using the estimators as scikit-learn users do
+    from sklearn.exceptions import UndefinedMetricWarning
+
+    from dkernel import DSGClassifier, DSGRegressor, KernelSVD, SphereRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = np.sin(X[:, 0])
+    Xd = da.from_array(X, chunks=100)
+    # R^2 of fewer than two rows is undefined (an empty input scored 1.0)
+    reg = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
+    for Xs, ys in ((Xd[:0], da.from_array(y[:0])), (X[:1], y[:1])):  # (numpy X needs a row)
+        with pytest.warns(UndefinedMetricWarning):
+            assert np.isnan(reg.score(Xs, ys))
+    # predict_proba of lazy input: the same as in memory, and no crash on 0 rows
+    for loss, target in (("softmax", (X[:, 0] > 0) + (X[:, 1] > 0)), ("logistic", X[:, 0] > 0),
+                         ("logistic", (X[:, 0] > 0) + (X[:, 1] > 0))):
+        clf = DSGClassifier(loss=loss, n_features=64, n_epochs=1, client=client).fit(X, target)
+        np.testing.assert_allclose(clf.predict_proba(Xd).compute(), clf.predict_proba(X),
+                                   rtol=1e-6)
+        assert clf.predict_proba(Xd[:0]).compute().shape == (0, len(clf.classes_))
+    # each parameter's message names it
+    with pytest.raises(ValueError, match="kernel_y='rbf' is not supported"):
+        KernelSVD(2, kernel_y="rbf", client=client).fit(X, X[:, :2])
+    for bad in (500, "10,20"):
+        with pytest.raises(ValueError, match="record_at must be None or a sequence of integers"):
+            SphereRegressor(record_at=bad, client=client).fit(X, y)

@@ -433,11 +433,25 @@ class DSGClassifier(ClassifierOutputs, ClassifierMixin, _DSGBase):
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities (softmax / logistic losses only: absent for the others)."""
         f = self._decision(self._validated(X))
-        xp = da if isinstance(f, da.Array) else np
-        if self._fitted_loss == "softmax":
-            z = xp.exp(f - f.max(axis=1, keepdims=True))
-            return z / z.sum(axis=1, keepdims=True)
-        p = 1 / (1 + xp.exp(-f))
-        if f.ndim == 1:
-            return xp.stack([1 - p, p], axis=1)
-        return p / p.sum(axis=1, keepdims=True)
+        softmax = self._fitted_loss == "softmax"
+        if isinstance(f, da.Array):  # row by row, block by block (a dask max over 0 rows fails)
+            if f.ndim == 2:
+                f = f.rechunk({1: -1})
+            c = len(self.classes_)
+            return f.map_blocks(_probabilities, softmax, dtype=np.float32 if f.dtype == np.float32
+                                else np.float64, chunks=(f.chunks[0], (c,)),
+                                new_axis=1 if f.ndim == 1 else None)
+        return _probabilities(f, softmax)
+
+
+def _probabilities(f: np.ndarray, softmax: bool) -> np.ndarray:
+    """Class probabilities from decision values: the softmax of each row, or the
+    logistic of each (binary: one column, its complement first; one-vs-rest:
+    renormalised)."""
+    if softmax:
+        z = np.exp(f - f.max(axis=1, keepdims=True)) if len(f) else np.exp(f)
+        return z / z.sum(axis=1, keepdims=True)
+    p = 1 / (1 + np.exp(-f))
+    if f.ndim == 1:
+        return np.stack([1 - p, p], axis=1)
+    return p / p.sum(axis=1, keepdims=True)

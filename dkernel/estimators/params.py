@@ -128,6 +128,19 @@ def custom(check: Callable[[str, Any], None], parse: Callable[[str], Any] | None
     return Check(rule, lambda n: "", parse)
 
 
+def int_sequence() -> Check:
+    """A sequence of integers >= 1: a list, tuple or 1-D array, not one number
+    or a string (``record_at=500`` failed deep in the fit as a TypeError)."""
+    what = "a sequence of integers >= 1"
+
+    def rule(v: Any) -> str | None:
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") \
+                or getattr(v, "ndim", 1) != 1:
+            return what
+        return None if all(_is_int(x) and x >= 1 for x in v) else what
+    return Check(rule, lambda n: f"pass e.g. {n}=[100, 1000]")
+
+
 def anything() -> Check:
     return Check(lambda v: None, lambda n: "")
 

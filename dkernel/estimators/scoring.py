@@ -81,7 +81,17 @@ def r2_score_any(y: Any, p: Any) -> float:
     """R^2 = 1 - SS_res / SS_tot of each output, averaged over the outputs as
     scikit-learn's ``r2_score`` (``RegressorMixin.score``) does, a constant
     output scoring 1 when predicted exactly and 0 otherwise; lazy inputs are
-    reduced on the cluster."""
+    reduced on the cluster.  Fewer than two rows: NaN with scikit-learn's
+    ``UndefinedMetricWarning`` (an empty input scored 1.0)."""
+    n = _as_targets(y, p).shape[0]
+    if isinstance(n, (int, np.integer)) and n < 2:  # (a lazy y of unknown length: nan)
+        import warnings
+
+        from sklearn.exceptions import UndefinedMetricWarning
+
+        warnings.warn(f"R^2 score is not well-defined with less than two samples ({n} here)",
+                      UndefinedMetricWarning, stacklevel=3)
+        return float("nan")
     return r2_from_sums(*r2_sums(y, p))
 
 

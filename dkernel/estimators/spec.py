@@ -22,6 +22,7 @@ from dkernel.estimators.params import (
     auto_or,
     boolean,
     custom,
+    int_sequence,
     integer,
     none_or,
     number,
@@ -33,6 +34,12 @@ def _kernel(_: str, value: Any) -> None:
     from dkernel.kernels.exact import check_kernel
 
     check_kernel(value)
+
+
+def _kernel_y(_: str, value: Any) -> None:
+    from dkernel.kernels.exact import check_kernel
+
+    check_kernel(value, "kernel_y")
 
 
 def check_random_state_param(random_state: Any) -> None:
@@ -54,7 +61,7 @@ KERNEL = Param("kernel", "gaussian", _KERNEL_KIND, custom(_kernel, str),
                "Kernel of the model.", "kernel")
 BANDWIDTH = Param("bandwidth", AUTO, 'float or "auto"', auto_or(number()),
                   'Kernel scale; "auto" is the median heuristic on a sample of rows.', "kernel")
-KERNEL_Y = Param("kernel_y", None, "str, optional", none_or(custom(_kernel, str)),
+KERNEL_Y = Param("kernel_y", None, "str, optional", none_or(custom(_kernel_y, str)),
                  "Kernel of the second view (None: same as ``kernel``).", "kernel")
 BANDWIDTH_Y = Param("bandwidth_y", None, 'float or "auto", optional',
                     none_or(auto_or(number())),
@@ -449,7 +456,7 @@ _SPHERE = (
     BLOCK_SIZE.but(doc="Rows per exact blocked update (triangular solve of this size)."),
     N_EPOCHS.but(default=1, doc="Passes over the data; the step counter n continues across "
                  "passes."),
-    Param("record_at", None, "sequence of int, optional", anything(), """\
+    Param("record_at", None, "sequence of int, optional", none_or(int_sequence()), """\
         Step counts n at which the averaged model is kept, for learning
         curves (:meth:`staged_predict`); each in 1..n_rows * n_epochs.""",
           flag=None),

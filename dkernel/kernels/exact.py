@@ -21,10 +21,10 @@ KERNELS = ("gaussian", "laplacian", "cauchy")
 _TILE_ELEMENTS = 1 << 22
 
 
-def check_kernel(kernel: str) -> str:
+def check_kernel(kernel: str, name: str = "kernel") -> str:
     if kernel not in KERNELS:
         raise ValueError(
-            f"kernel={kernel!r} is not supported; choose one of {', '.join(KERNELS)}"
+            f"{name}={kernel!r} is not supported; choose one of {', '.join(KERNELS)}"
         )
     return kernel
 
