@@ -131,6 +131,26 @@ def test_client_with_only_the_ca_file_is_told_the_certificate_is_missing(tls_clu
     assert not out.exists()
 
 
+def test_a_certificate_without_its_key_or_certificates_for_a_tcp_address_are_named(
+        tls_cluster, pki, store, tmp_path, capsys):
+    # OpenSSL's "[SSL] PEM lib" became "cannot reach a Dask scheduler", and a
+    # tcp:// address with the certificates "encryption required by Dask configuration"
+    address, _ = tls_cluster
+    out = tmp_path / "model.npz"
+    rc = main(["fit", store, *FIT, "--scheduler", address, "--tls-ca-file", pki["ca"],
+               "--tls-cert", pki["cert"], "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0, err
+    assert "holds no private key; pass --tls-key" in err, err
+    rc = main(["fit", store, *FIT, "--scheduler", address.replace("tls://", "tcp://"),
+               "--tls-ca-file", pki["ca"], "--tls-cert", pki["cert"], "--tls-key", pki["key"],
+               "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0, err
+    assert f"use {address}" in err, err
+    assert not out.exists()
+
+
 def test_plain_tcp_client_is_refused_by_the_tls_scheduler(tls_cluster, store, tmp_path, capsys):
     address, _ = tls_cluster
     out = tmp_path / "model.npz"

@@ -34,6 +34,12 @@ def make_security(ca_file: str | None = None, cert: str | None = None,
     for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"{flag} {path!r} does not exist or is not a file")
+    if cert is not None and key is None:
+        with open(cert, "rb") as f:
+            if b"PRIVATE KEY" not in f.read():  # else OpenSSL's "[SSL] PEM lib" as a connect error
+                raise ValueError(f"--tls-cert {cert!r} holds no private key; pass --tls-key "
+                                 "(DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY) too, or a PEM file "
+                                 "holding both")
     return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
                     require_encryption=True)
 
@@ -42,6 +48,12 @@ def _check_tls(address: str, security: Any) -> Any:
     """The security to connect to ``address`` with; a one-line error naming the
     missing TLS settings instead of Dask's "TLS expects a `ssl_context` argument"."""
     if not address.startswith("tls://"):
+        if security is not None and getattr(security, "require_encryption", False) \
+                and address.startswith("tcp://"):
+            # else Dask's "encryption required by Dask configuration", naming nothing to change
+            raise ConnectionError(f"TLS certificates are given but the scheduler address {address} "
+                                  f"is plain tcp://; use {'tls://' + address[6:]} if the "
+                                  "scheduler runs TLS, or drop the --tls-* settings")
         return security
     if security is None:
         from distributed.security import Security
