@@ -60,6 +60,7 @@ DASK="${DASK:-dask}"
 PYTHON="${PYTHON:-python3}"
 
 while [[ $# -gt 0 ]]; do
+    case "$1" in -h | --help) usage; exit 0 ;; esac  # "start --help" too
     [[ $# -ge 2 ]] || die "option $1 needs a value"
     case "$1" in
         --dir) DIR="$2" ;;
@@ -291,11 +292,27 @@ setsid "$DASK" worker "$ADDRESS" --nworkers "$WORKERS" --nthreads "$THREADS" \
     </dev/null >"$WORKERS_LOG" 2>&1 &
 echo $! >"$WORKERS_PID"
 
-if ! n="$(count_workers "$WORKERS" "$TIMEOUT" 2>"$DIR/wait.err")"; then
+# waited for in the background, watching the workers' process: one that
+# exits at start (a bad --memory-limit) ends the wait instead of the timeout
+count_workers "$WORKERS" "$TIMEOUT" >"$DIR/count.out" 2>"$DIR/wait.err" &
+counter=$!
+while kill -0 "$counter" 2>/dev/null; do
+    if ! alive "$(read_pid "$WORKERS_PID")"; then
+        kill "$counter" 2>/dev/null || true
+        wait "$counter" 2>/dev/null || true
+        rm -f "$DIR/count.out"
+        show_log "$WORKERS_LOG"
+        die "'$DASK worker' exited at start; log: $WORKERS_LOG"
+    fi
+    sleep 0.5
+done
+if ! wait "$counter"; then
     show_log "$WORKERS_LOG"
     show_log "$DIR/wait.err"
     die "$WORKERS worker(s) did not register with $ADDRESS within ${TIMEOUT}s; log: $WORKERS_LOG"
 fi
+n="$(cat "$DIR/count.out")"
+rm -f "$DIR/count.out"
 STARTED=1
 rm -f "$DIR/wait.err"
 echo "scheduler $ADDRESS with $n worker(s) x $THREADS thread(s); logs and pid files in $DIR"

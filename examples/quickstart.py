@@ -10,7 +10,9 @@ its learning curve goes to quickstart.png when matplotlib is there.
 ``DKERNEL_EXAMPLE_SMALL=1`` uses fewer rows and epochs.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from dkernel import DSGClassifier, load_model
@@ -22,6 +24,7 @@ SMALL = os.environ.get("DKERNEL_EXAMPLE_SMALL", "") not in ("", "0")
 
 if __name__ == "__main__":  # workers are spawned processes: keep the guard
     folder = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # stores, models (and keys)
     n = 4000 if SMALL else 20000
     # the scheduler in $DASK_SCHEDULER_ADDRESS, or the LocalCluster dkernel starts
     # itself: one thread per worker process and malloc settings that reuse

@@ -14,7 +14,9 @@ has checkpointed, resumed, and compared with an uninterrupted fit.
 ``DKERNEL_EXAMPLE_SMALL=1`` uses a smaller store.
 """
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +54,7 @@ def checkpoint_step(path):
 
 if __name__ == "__main__":
     folder = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # stores, models (and keys)
     store = make_store(os.path.join(folder, "train.zarr"), size(20000, 2000), 8,
                        chunk_rows=size(2500, 250), kind="classification")
     out, ckpt = os.path.join(folder, "model.npz"), os.path.join(folder, "model.npz.ckpt.npz")

@@ -236,6 +236,22 @@ def test_recipe_rejects_bad_options_before_starting_anything(tmp_path):
     assert not (state / "scheduler.pid").exists()
 
 
+def test_recipe_stops_at_once_when_its_workers_exit_at_start_and_start_takes_help(tmp_path):
+    # a --memory-limit 'dask worker' refuses waited the whole --timeout (60 s)
+    import time
+
+    proc = _recipe("start", "--help")
+    assert proc.returncode == 0 and "usage: local-cluster.sh" in proc.stdout, proc.stderr
+    state = tmp_path / "cluster"
+    t0 = time.monotonic()
+    proc = _recipe("start", "--dir", str(state), "--port", "0", "--workers", "1",
+                   "--memory-limit", "4Gigs", "--timeout", "60")
+    assert proc.returncode != 0 and "'dask worker' exited at start" in proc.stderr, proc.stderr
+    assert time.monotonic() - t0 < 40
+    # the scheduler it had started is stopped too
+    assert "no scheduler running" in _recipe("status", "--dir", str(state)).stderr
+
+
 def test_relative_store_path_reaches_workers_started_in_another_folder(external, tmp_path,
                                                                        monkeypatch, client):
     # The recipe's workers run in the folder pytest started in; the client here
