@@ -169,3 +169,10 @@ def test_invalid_settings_are_rejected_with_a_reason(client):
         SphereRegressor(theta=1.5, client=client).fit(X, y)
     with pytest.raises(ValueError, match="zero"):
         SphereRegressor(client=client).fit(np.vstack([X, np.zeros((1, 3))]), np.append(y, 0.0))
+
+
+def test_a_scale_the_normalize_map_would_ignore_is_refused():
+    # x / |x| has no scale: scale=5 gave the same model bit for bit
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    with pytest.raises(ValueError, match="scale=5.0 scales the stereographic map"):
+        SphereRegressor(scale=5.0).fit(X, X[:, 0])

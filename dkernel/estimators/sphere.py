@@ -93,6 +93,11 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
         if self.theta is None and self.max_degree is None:
             raise ValueError("theta=None (plain kernel SGD) needs max_degree, the fixed "
                              "truncation level")
+        # a setting is used or refused: normalize divides by |x| and has no scale
+        if self.input_map == "normalize" and float(self.scale) != 1.0:
+            raise ValueError(f"scale={self.scale} scales the stereographic map; "
+                             "input_map='normalize' has none: drop scale or set "
+                             "input_map='stereographic'")
 
     def fit(self, X: Any, y: Any = None) -> SphereRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""

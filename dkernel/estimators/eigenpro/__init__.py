@@ -6,6 +6,7 @@ or random features (EigenPro-RF, Table 1, :mod:`.features`)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any
@@ -77,6 +78,11 @@ class _EigenProBase(BaseEstimator):
             raise ValueError(f"feature_cache={self.feature_cache!r} applies to the random-feature "
                              "form (n_features set); the kernel form keeps kernel rows: set "
                              "kernel_cache instead")
+        block_default = inspect.signature(type(self).__init__).parameters["block_size"].default
+        if self._given("n_features") is None and self.block_size != block_default:
+            raise ValueError(f"block_size={self.block_size} sets the random-feature form's blocks "
+                             "(n_features set); the kernel form has none: drop block_size or "
+                             "set n_features")
         if self._given("n_features") is None and self._given("local_steps") not in (None, 1):
             raise ValueError(f"local_steps={self.local_steps} applies to the random-feature form "
                              "(n_features set), whose steps are taken on the workers; the "
