@@ -356,6 +356,8 @@ def test_a_cluster_without_workers_is_waited_for_then_refused_in_one_line(monkey
                      str(tmp_path / "m.npz"), "--scheduler", cluster.scheduler_address]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert "has had no workers for 2 s" in err[-1] and not (tmp_path / "m.npz").exists()
+        # the engine's logged warning in the CLI's one-line form (it was Python's bare line)
+        assert err[0].startswith("dkernel: warning: the Dask scheduler at "), err
         # a worker that joins while a fit waits (a pod starting, an adaptive
         # cluster scaling up for the pending task) is used
         monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "60")

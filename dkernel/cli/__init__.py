@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     previous = ({sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
                 if in_main else {})
     formatwarning = warnings.formatwarning
+    # the engine's logged warnings (no workers yet, a worker's other numpy) in
+    # the same one-line form as warnings.warn's, not Python's bare last resort
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("dkernel: warning: %(message)s"))
+    logging.getLogger("dkernel").addHandler(handler)
     if not args.debug:  # a printed warning is one line too, without Python's source lines
         warnings.formatwarning = _one_line_warning
     try:
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
     finally:
+        logging.getLogger("dkernel").removeHandler(handler)
         warnings.formatwarning = formatwarning
         for sig, handler in previous.items():
             signal.signal(sig, handler)
