@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import time
 
 from dkernel.cli import common
@@ -69,9 +70,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # the result, on stdout (as emit prints it): the model and the commands that remake it
     print(f"[4/4] saved {model_path}; test metrics: {json.dumps(result)}")
+    # runnable as printed: on the same cluster (its flags), over the model just saved
+    cluster = "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in (
+        ("--scheduler", args.scheduler), ("--workers", args.workers),
+        ("--tls-ca-file", args.tls_ca_file), ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key)) if value is not None)
     print("The same with individual commands:\n"
           f"  dkernel fit {train} --solver dsg --task classification --bandwidth 2 "
           f"--features {args.features} --epochs {args.epochs} --seed {args.seed} "
-          f"--out {model_path}\n"
-          f"  dkernel evaluate {model_path} {test} --json")
+          f"--out {model_path} --overwrite{cluster}\n"
+          f"  dkernel evaluate {model_path} {test} --json{cluster}")
     return 0
