@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -83,7 +84,11 @@ class FitContext:
     # sampling and the kernel ---------------------------------------------------------
     def sample(self, size: int = _BANDWIDTH_SAMPLE, data: Dataset | None = None) -> np.ndarray:
         """A seeded sample of ``size`` rows of X (one small read on the cluster)."""
-        return sample_rows(data or self.data, self.seed, self.client, size=size)
+        rows = sample_rows(data or self.data, self.seed, self.client, size=size)
+        if self.engine.options.dtype == "float32" and not getattr(self, "_precision_checked", 0):
+            self._precision_checked = True
+            warn_if_float32_loses(rows)
+        return rows
 
     def sample_while(self, work: Callable[[], Any], size: int = _BANDWIDTH_SAMPLE
                      ) -> tuple[np.ndarray | None, Any]:
@@ -186,3 +191,23 @@ class FitContext:
                                   if "validation_score" in e]
         est.best_epoch_ = monitor.best_epoch
         return monitor.final_state(state)
+
+
+def warn_if_float32_loses(sample: np.ndarray) -> None:
+    """Warn when a column of X sits so far from 0 against its spread that the
+    fit's float32 rounds its values by more than 1% of it: the features and
+    kernel rows are computed in float32, and 3 columns at 1e8 + N(0, 1) gave
+    DSGRegressor a test R^2 of -0.03 without a word.  Centring fixes it."""
+    if sample.shape[0] < 2:
+        return
+    center, spread = np.abs(sample.mean(axis=0)), sample.std(axis=0)
+    gap = center * 2.0**-23  # float32's spacing near the column's values
+    lost = np.flatnonzero((spread > 0) & (gap > 0.01 * spread))
+    if lost.size:
+        j = int(lost[np.argmax(gap[lost] / spread[lost])])
+        warnings.warn(
+            f"column {j} of X sits at {center[j]:.3g} with a spread of {spread[j]:.3g}: the fit "
+            f"computes in float32, whose values there are {gap[j]:.2g} apart, and "
+            f"{lost.size} column(s) lose more than 1% of their spread so; subtract the column "
+            "means (e.g. scikit-learn's StandardScaler) before fitting", UserWarning,
+            stacklevel=4)
