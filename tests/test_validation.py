@@ -261,9 +261,36 @@ def test_small_edges_of_the_scikit_learn_api(client):
         np.testing.assert_allclose(clf.predict_proba(Xd).compute(), clf.predict_proba(X),
                                    rtol=1e-6)
         assert clf.predict_proba(Xd[:0]).compute().shape == (0, len(clf.classes_))
+    # score's sample_weight, as scikit-learn's (it was a TypeError)
+    from sklearn.metrics import accuracy_score, r2_score
+
+    w = rng.uniform(0, 2, size=300)
+    assert reg.score(X, y, sample_weight=w) == pytest.approx(r2_score(y, reg.predict(X),
+                                                                      sample_weight=w))
+    assert clf.score(X, target, sample_weight=w) == pytest.approx(
+        accuracy_score(target, clf.predict(X), sample_weight=w))
+    with pytest.raises(ValueError, match="sample_weight with lazy"):
+        reg.score(Xd, da.from_array(y, chunks=100), sample_weight=w)
     # each parameter's message names it
     with pytest.raises(ValueError, match="kernel_y='rbf' is not supported"):
         KernelSVD(2, kernel_y="rbf", client=client).fit(X, X[:, :2])
     for bad in (500, "10,20"):
         with pytest.raises(ValueError, match="record_at must be None or a sequence of integers"):
             SphereRegressor(record_at=bad, client=client).fit(X, y)
+
+
+def test_columns_float32_cannot_resolve_are_warned_about(client):
+    # 3 columns at 1e8 + N(0, 1): float32 holds them 12 apart, and the fit
+    # scored R^2 -0.03 in silence
+    import warnings
+
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 3))
+    kw = dict(n_features=64, n_epochs=1, client=client)
+    with pytest.warns(UserWarning, match=r"column \d of X sits at 1e\+08 .* subtract the column"):
+        DSGRegressor(**kw).fit(X + 1e8, X[:, 0])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "column .* of X sits at")
+        DSGRegressor(**kw).fit(X + 1000, X[:, 0])

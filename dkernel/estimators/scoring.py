@@ -141,3 +141,22 @@ def _check_score_labels(y: Any, classes: np.ndarray) -> None:
             f"y is continuous ({int(outside.sum())} value(s) such as {y[outside][0]!r} are not "
             f"among the classes {classes.tolist()[:10]}); a classifier is scored on its labels "
             "(a continuous target needs a regressor)")
+
+
+def weighted_score(kind: str, y: Any, p: Any, sample_weight: Any, classes: Any = None) -> float:
+    """scikit-learn's ``score(X, y, sample_weight)``: R^2 (``kind="r2"``) or
+    accuracy with one weight per row, for input in memory."""
+    if any(isinstance(a, da.Array) for a in (y, p, sample_weight)):
+        raise ValueError("sample_weight with lazy (dask or store) input is not supported: score "
+                         "in-memory arrays, or leave sample_weight out")
+    from sklearn.metrics import accuracy_score, r2_score
+
+    y = _as_targets(y, p)
+    w = np.asarray(sample_weight, dtype=np.float64)
+    if w.shape != (y.shape[0],):
+        raise ValueError(f"sample_weight has shape {w.shape}; score takes one weight per row "
+                         f"({y.shape[0]})")
+    if kind == "r2":
+        return float(r2_score(y, p, sample_weight=w))
+    accuracy_any(y, p, classes)  # the model's label checks
+    return float(accuracy_score(y, p, sample_weight=w))

@@ -18,7 +18,7 @@ from dkernel.estimators.base import (
     labels_for_file,
     validate_predict_input,
 )
-from dkernel.estimators.scoring import accuracy_any, r2_score_any, score_targets
+from dkernel.estimators.scoring import accuracy_any, r2_score_any, score_targets, weighted_score
 from dkernel.solvers.targets import TargetEncoding
 
 
@@ -78,9 +78,12 @@ class RegressorOutputs(Supervised):
         """f(X) + mean(y) in float64; lazy dask array for dask input."""
         return self._mean(self._validated(X))
 
-    def score(self, X: Any, y: Any = None) -> float:
-        """R^2 of the prediction (y may be omitted for a store holding ``y``)."""
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        """R^2 of the prediction (y may be omitted for a store holding ``y``;
+        ``sample_weight``, in memory only, weighs the rows as scikit-learn's)."""
         X, y = score_targets(X, y)
+        if sample_weight is not None:
+            return weighted_score("r2", y, self.predict(X), sample_weight)
         return r2_score_any(y, self.predict(X))
 
 
@@ -111,7 +114,10 @@ class ClassifierOutputs(Supervised):
             return idx.map_blocks(lambda i: classes[i], dtype=classes.dtype)
         return classes[idx]
 
-    def score(self, X: Any, y: Any = None) -> float:
-        """Mean accuracy (y may be omitted for a store holding ``y``)."""
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        """Mean accuracy (y may be omitted for a store holding ``y``;
+        ``sample_weight``, in memory only, weighs the rows as scikit-learn's)."""
         X, y = score_targets(X, y)
+        if sample_weight is not None:
+            return weighted_score("accuracy", y, self.predict(X), sample_weight, self.classes_)
         return accuracy_any(y, self.predict(X), self.classes_)
