@@ -10,7 +10,7 @@
 set -eu
 # an absolute SOURCE: pip reads a bare relative name ("src[deploy]") as a
 # project on PyPI, and downloaded and built the package of that name
-src=$(cd "$1" && pwd)
+src=$(CDPATH= cd -- "$1" && pwd)
 venv=$2
 "${PYTHON:-python3}" -m venv "$venv"
 "$venv/bin/python" -m pip install --no-cache-dir --disable-pip-version-check \

@@ -404,7 +404,7 @@ def test_a_conjugate_gradient_solve_stopped_short_warns_naming_n_epochs(client):
 def test_a_given_q_past_the_samples_rank_is_refused_naming_a_usable_q(client, kw):
     # lambda_{q+1} <= 0 there: a complex power (TypeError) or a division by zero
     X = _points(200, 3, seed=3)
-    with pytest.raises(ValueError, match=r"q=\d+: .* not positive .* pass q <= \d+"):
+    with pytest.raises(ValueError, match=r"q=\d+: .* not above rounding .* pass q <= \d+"):
         EigenProRegressor(bandwidth=1.0, client=client, **kw).fit(X, X[:, 0])
 
 

@@ -619,22 +619,29 @@ def test_two_row_batches_are_pooled_before_the_guard_calls_them_diverged():
     from dkernel.engine.guard import POOL_ROWS, DivergenceGuard
 
     rng = np.random.default_rng(0)
-    guard = DivergenceGuard(_Still())
+    guard = DivergenceGuard(_Still(), batch_size=2)
     state = guard.start({"w": np.zeros(1)})
     for step, loss in enumerate(rng.chisquare(2, 3000) / 2):
         assert guard.before_update(state, {"loss": 2 * loss, "count": 2}, step) is None
     assert not guard.backoffs and state["guard_reference_rows"] >= POOL_ROWS
+    # a checkpoint keeps the pool: a resumed fit judges its next steps alike
+    again = DivergenceGuard(_Still(), batch_size=2)
+    again.resume(guard.checkpoint_state(state))
+    assert again.pool == guard.pool and sum(r for _, r in again.pool) >= POOL_ROWS
     # a real blow-up still stops within a pool of rows
     for step in range(3000, 3000 + POOL_ROWS):
         restored = guard.before_update(state, {"loss": 2 * 10.0 ** (step - 2990), "count": 2}, step)
         if restored is not None:
             break
     assert guard.backoffs and step < 3000 + 20
-    # batches of POOL_ROWS rows or more are judged one by one, as before
-    big = DivergenceGuard(_Still())
+    # with a batch of POOL_ROWS rows or more every step is judged alone, as
+    # before pooling -- also a plan's short step (a group one chunk short)
+    big = DivergenceGuard(_Still(), batch_size=512)
     state = big.start({"w": np.zeros(1)})
-    assert big.before_update(state, {"loss": 1.0 * POOL_ROWS, "count": POOL_ROWS}, 0) is None
-    assert big.before_update(state, {"loss": 4.1 * POOL_ROWS, "count": POOL_ROWS}, 1) is not None
+    assert big.before_update(state, {"loss": 1.0 * 512, "count": 512}, 0) is None
+    assert big.before_update(state, {"loss": 1.0 * 512, "count": 512}, 1) is None
+    assert big.before_update(state, {"loss": 4.1 * 128, "count": 128}, 2) is not None
+    assert state["guard_reference_rows"] == 512
 
 
 def test_a_large_alpha_with_its_tiny_automatic_batch_fits_instead_of_diverging(client):

@@ -65,6 +65,12 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     return f"dkernel: warning: {category.__name__}: {text}\n"
 
 
+class _OneLineLog(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage().strip().splitlines()
+        return f"dkernel: {record.levelname.lower()}: {text[0] if text else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -76,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     formatwarning = warnings.formatwarning
     # the engine's logged warnings (no workers yet, a worker's other numpy) in
     # the same one-line form as warnings.warn's, not Python's bare last resort
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("dkernel: warning: %(message)s"))
-    logging.getLogger("dkernel").addHandler(handler)
+    log_handler = logging.StreamHandler(sys.stderr)
+    log_handler.setLevel(logging.WARNING)
+    log_handler.setFormatter(_OneLineLog())
+    logging.getLogger("dkernel").addHandler(log_handler)
     if not args.debug:  # a printed warning is one line too, without Python's source lines
         warnings.formatwarning = _one_line_warning
     try:
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
     finally:
-        logging.getLogger("dkernel").removeHandler(handler)
+        logging.getLogger("dkernel").removeHandler(log_handler)
         warnings.formatwarning = formatwarning
         for sig, handler in previous.items():
             signal.signal(sig, handler)

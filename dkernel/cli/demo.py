@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
         ("--scheduler", args.scheduler), ("--workers", args.workers),
         ("--tls-ca-file", args.tls_ca_file), ("--tls-cert", args.tls_cert),
         ("--tls-key", args.tls_key)) if value is not None)
+    q = shlex.quote
     print("The same with individual commands:\n"
-          f"  dkernel fit {train} --solver dsg --task classification --bandwidth 2 "
+          f"  dkernel fit {q(train)} --solver dsg --task classification --bandwidth 2 "
           f"--features {args.features} --epochs {args.epochs} --seed {args.seed} "
-          f"--out {model_path} --overwrite{cluster}\n"
-          f"  dkernel evaluate {model_path} {test} --json{cluster}")
+          f"--out {q(model_path)} --overwrite{cluster}\n"
+          f"  dkernel evaluate {q(model_path)} {q(test)} --json{cluster}")
     return 0

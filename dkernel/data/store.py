@@ -213,9 +213,11 @@ def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
     reads back as 0 -- a prediction, an ingest or make-store that says it
     wrote its output.  The temporary store's metadata, written here, must be
     visible on every worker."""
-    root = getattr(group.store, "root", None)
-    if root is None:  # an object store: one namespace for every process
-        return
+    store = group.store
+    if type(store).__name__ not in ("LocalStore", "DirectoryStore"):  # zarr 3 / zarr 2
+        return  # an object store: one namespace for every process
+    root = getattr(store, "root", None) or store.path
+    # (no worker at all: the writes wait for one, and connect's check applies)
     marker = os.path.join(str(root), "zarr.json")
     seen = client.run(os.path.exists, marker)
     blind = sorted(w for w, ok in seen.items() if not ok)

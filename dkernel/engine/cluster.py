@@ -83,7 +83,8 @@ def _nothing() -> None:
 
 
 def worker_timeout() -> float:
-    """Seconds to wait for a first worker: ``$DKERNEL_WORKER_TIMEOUT`` if set,
+    """Seconds to wait for a first worker (and, mid-fit, for one after all were
+    lost: :mod:`dkernel.engine.stall`): ``$DKERNEL_WORKER_TIMEOUT`` if set,
     else :data:`WORKER_TIMEOUT`; a value that is not a number of seconds >= 0
     stops with an error naming the variable."""
     raw = os.environ.get("DKERNEL_WORKER_TIMEOUT")

@@ -81,8 +81,12 @@ def _copy_into(dst: dict[str, Any] | None, src: dict[str, Any]) -> dict[str, Any
 class DivergenceGuard:
     """See module docstring; one per ``Engine.run_steps``."""
 
-    def __init__(self, program: Any, factor: float = 4.0, max_backoffs: int = 10) -> None:
+    def __init__(self, program: Any, factor: float = 4.0, max_backoffs: int = 10,
+                 batch_size: int | None = None) -> None:
         self.program = program
+        #: rows the ratio test pools (:meth:`_judged`); 0 where the plan's batch
+        #: is ``POOL_ROWS`` or more: each step judged alone, as before pooling
+        self.pool_rows = POOL_ROWS if batch_size is not None and batch_size < POOL_ROWS else 0
         self.factor = float(factor)
         self.max_backoffs = int(max_backoffs)
         self.snapshot: dict[str, Any] | None = None
@@ -181,15 +185,23 @@ class DivergenceGuard:
         return restored
 
     def _judged(self, state: dict[str, Any], loss: float, rows: int) -> float | None:
-        """The loss the ratio test reads: the mean over the last steps that hold
-        at least ``POOL_ROWS`` rows (one step when its batch is that large, as
-        every default batch is).  A mini-batch of 2 rows is no measure: its loss
+        """The loss the ratio test reads: with a batch under ``POOL_ROWS`` rows,
+        the mean over the last steps that hold at least that many; else the
+        step's own (every default batch is larger).  A mini-batch of 2 rows is no measure: its loss
         went past 4x a first batch's on a fit that could not move
         (``step_size=1e-6``).  The reference pools the first steps the same
         way; until it holds ``POOL_ROWS`` rows it is their mean, and no step is
         judged.  None: no ratio test for this step."""
+        if not self.pool_rows:
+            if "guard_reference" not in state:
+                # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
+                # scale to compare with: 0 disables the ratio test for this fit
+                state["guard_reference"] = loss if loss > 1e-8 else 0.0
+                state["guard_reference_rows"] = rows
+                return None
+            return loss
         ref_rows = int(state.get("guard_reference_rows", 0))
-        if "guard_reference" not in state or ref_rows < POOL_ROWS:
+        if "guard_reference" not in state or ref_rows < self.pool_rows:
             ref = float(state.get("guard_reference", 0.0))
             total = ref * ref_rows + loss * rows
             # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
@@ -200,10 +212,10 @@ class DivergenceGuard:
             self.pool = [(loss, rows)]
             return None
         self.pool.append((loss, rows))
-        while sum(r for _, r in self.pool[1:]) >= POOL_ROWS:
+        while sum(r for _, r in self.pool[1:]) >= self.pool_rows:
             self.pool.pop(0)
         pooled = sum(r for _, r in self.pool)
-        if pooled < POOL_ROWS:
+        if pooled < self.pool_rows:
             return None
         return sum(v * r for v, r in self.pool) / pooled
 
@@ -220,7 +232,7 @@ class DivergenceGuard:
         epoch's starting one with its step scale halved).  ``probe``: (loss,
         rows) of the end state itself, measured after the fit's last epoch,
         which is judged by the worse of it and its steps' mean."""
-        if probe is not None and probe[1] < POOL_ROWS and self.pool:
+        if probe is not None and probe[1] < self.pool_rows and self.pool:
             # a probe of one small batch is no measure (_judged): pooled with the
             # last steps' losses, measured on states just before the end one
             pooled = [*self.pool, probe]
@@ -281,6 +293,9 @@ class DivergenceGuard:
         exactly: its starting state (under ``guard_epoch.``), what its steps
         measured and its best attempt so far (``guard_best.``)."""
         out = {**state, "guard_replays": self.replays}
+        if self.pool:  # a resumed fit judges its next steps as the uninterrupted one
+            out["guard_pool_loss"] = [v for v, _ in self.pool]
+            out["guard_pool_rows"] = [r for _, r in self.pool]
         ep = self.epoch
         if ep is None:
             return out
@@ -312,6 +327,8 @@ class DivergenceGuard:
             else:
                 state[k] = v
         self.replays = int(own.get("guard_replays", 0))
+        self.pool = [(float(v), int(r)) for v, r in zip(own.get("guard_pool_loss", ()),
+                                                        own.get("guard_pool_rows", ()))]
         if "guard_epoch_index" in own:
             best = None
             if "guard_best_loss" in own:
@@ -390,10 +407,12 @@ def end_margin(reference_rows: int, end_rows: int) -> float:
 
 #: The guard's entries in a program's state (checkpointed with it).
 _KEYS = ("guard_reference", "guard_reference_rows", "step_scale")
-#: Rows the ratio test pools before it judges (:meth:`DivergenceGuard._judged`):
-#: their mean squared error is within 4x of the population's unless something
-#: is wrong, where 2 rows' is not (chi^2_2 / 2 > 4 with probability e^-4 = 1.8%).
-POOL_ROWS = 256
+#: Rows the ratio test pools before it judges (:meth:`DivergenceGuard._judged`),
+#: in fits whose batch is smaller: 2 rows' mean squared error passes 4x the
+#: population's by chance (chi^2_2 / 2 > 4: probability 1.8%, once in 55
+#: steps), 32 rows' practically never (chi^2_32 / 32 > 4: 2e-13).  Batches of
+#: 32 rows or more are judged step by step, as before pooling.
+POOL_ROWS = 32
 
 #: Least margin above the starting loss that replays an epoch (:func:`end_margin`).
 _END_FLOOR = 0.05

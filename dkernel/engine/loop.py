@@ -175,7 +175,7 @@ class Engine:
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
         resumed_epoch: dict | None = None
-        guard = DivergenceGuard(program)
+        guard = DivergenceGuard(program, batch_size=plan.batch_size)
         history: list[dict[str, Any]] = []
         if opts.resume:
             loaded = ckpt.load()

@@ -140,7 +140,6 @@ class PauseWatch:
                 f"guard for {now - since:.0f} s and none of its {pending} waiting tasks ran "
                 f"({first}: {_held(paused[first])}). {_ADVICE}")
 
-
     def _check_some(self, workers: dict, pending: int, now: float) -> None:
         """Stop when the cluster has had no worker for ``$DKERNEL_WORKER_TIMEOUT``
         seconds: every worker lost (killed, or dead of an import error in the

@@ -8,7 +8,7 @@ import copy
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -434,6 +434,15 @@ def check_predict_input(X: Any, n_inputs: int, name: str = "X") -> Any:
 _GRAPH_EMBED_BYTES = 8 << 20
 
 
+def _arrays(value: dict) -> Iterator[np.ndarray]:
+    """The arrays of a model dict, nested ones included (prepared centers)."""
+    for v in value.values():
+        if isinstance(v, np.ndarray):
+            yield v
+        elif isinstance(v, dict):
+            yield from _arrays(v)
+
+
 def graph_value(value: dict) -> Any:
     """``value`` (a dict of model arrays) as an argument of a lazy graph's tasks.
 
@@ -442,7 +451,7 @@ def graph_value(value: dict) -> Any:
     graph refers to them; the lazy result then needs that client open when it
     is computed.  With no running client (the threaded scheduler, or the fit's
     client closed since) they are embedded as well."""
-    nbytes = sum(v.nbytes for v in value.values() if isinstance(v, np.ndarray))
+    nbytes = sum(v.nbytes for v in _arrays(value))
     if nbytes > _GRAPH_EMBED_BYTES:
         from distributed import default_client
 

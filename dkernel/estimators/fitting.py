@@ -72,6 +72,7 @@ class FitContext:
             self.data = open_dataset(X, y, require_y=True)
         self.val: Dataset | None = None
         self._stack = ExitStack()
+        self._precision_checked = False  # (warn_if_float32_loses: once a fit)
 
     def __enter__(self) -> FitContext:
         self.client = self._stack.enter_context(connect(self.est.client))
@@ -85,7 +86,7 @@ class FitContext:
     def sample(self, size: int = _BANDWIDTH_SAMPLE, data: Dataset | None = None) -> np.ndarray:
         """A seeded sample of ``size`` rows of X (one small read on the cluster)."""
         rows = sample_rows(data or self.data, self.seed, self.client, size=size)
-        if self.engine.options.dtype == "float32" and not getattr(self, "_precision_checked", 0):
+        if self.engine.options.dtype == "float32" and not self._precision_checked:
             self._precision_checked = True
             warn_if_float32_loses(rows)
         return rows
@@ -201,7 +202,7 @@ def warn_if_float32_loses(sample: np.ndarray) -> None:
     if sample.shape[0] < 2:
         return
     center, spread = np.abs(sample.mean(axis=0)), sample.std(axis=0)
-    gap = center * 2.0**-23  # float32's spacing near the column's values
+    gap = np.abs(sample).max(axis=0) * 2.0**-23  # float32's spacing at the column's values
     lost = np.flatnonzero((spread > 0) & (gap > 0.01 * spread))
     if lost.size:
         j = int(lost[np.argmax(gap[lost] / spread[lost])])

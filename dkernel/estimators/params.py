@@ -134,7 +134,8 @@ def int_sequence() -> Check:
     what = "a sequence of integers >= 1"
 
     def rule(v: Any) -> str | None:
-        if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") \
+        # (a generator would pass by being used up, and the fit then get none)
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") \
                 or getattr(v, "ndim", 1) != 1:
             return what
         return None if all(_is_int(x) and x >= 1 for x in v) else what

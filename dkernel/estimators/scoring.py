@@ -158,5 +158,15 @@ def weighted_score(kind: str, y: Any, p: Any, sample_weight: Any, classes: Any =
                          f"({y.shape[0]})")
     if kind == "r2":
         return float(r2_score(y, p, sample_weight=w))
-    accuracy_any(y, p, classes)  # the model's label checks
+    if classes is not None:
+        _check_score_labels(y.reshape(-1), np.asarray(classes))
     return float(accuracy_score(y, p, sample_weight=w))
+
+
+def regression_score(est: Any, X: Any, y: Any, sample_weight: Any) -> float:
+    """A regressor's ``score``: R^2 of ``est.predict(X)`` (y may be omitted for
+    a store holding ``y``; ``sample_weight`` in memory only)."""
+    X, y = score_targets(X, y)
+    if sample_weight is not None:
+        return weighted_score("r2", y, est.predict(X), sample_weight)
+    return r2_score_any(y, est.predict(X))

@@ -21,7 +21,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import clean_entry, history_meta, set_history
-from dkernel.estimators.scoring import r2_score_any, score_targets, weighted_score
+from dkernel.estimators.scoring import regression_score
 from dkernel.estimators.spec import documented
 from dkernel.kernels.zonal import ZonalFeatures
 from dkernel.solvers.sphere import (
@@ -201,10 +201,7 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
     def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """R^2 of the prediction (y may be omitted for a store holding ``y``;
         ``sample_weight``, in memory only, weighs the rows as scikit-learn's)."""
-        X, y = score_targets(X, y)
-        if sample_weight is not None:
-            return weighted_score("r2", y, self.predict(X), sample_weight)
-        return r2_score_any(y, self.predict(X))
+        return regression_score(self, X, y, sample_weight)
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()

@@ -18,7 +18,12 @@ from dkernel.estimators.base import (
     labels_for_file,
     validate_predict_input,
 )
-from dkernel.estimators.scoring import accuracy_any, r2_score_any, score_targets, weighted_score
+from dkernel.estimators.scoring import (
+    accuracy_any,
+    regression_score,
+    score_targets,
+    weighted_score,
+)
 from dkernel.solvers.targets import TargetEncoding
 
 
@@ -81,10 +86,7 @@ class RegressorOutputs(Supervised):
     def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """R^2 of the prediction (y may be omitted for a store holding ``y``;
         ``sample_weight``, in memory only, weighs the rows as scikit-learn's)."""
-        X, y = score_targets(X, y)
-        if sample_weight is not None:
-            return weighted_score("r2", y, self.predict(X), sample_weight)
-        return r2_score_any(y, self.predict(X))
+        return regression_score(self, X, y, sample_weight)
 
 
 class ClassifierOutputs(Supervised):

@@ -19,7 +19,6 @@ def median_heuristic(sample: np.ndarray, kernel: str) -> float:
             f"bandwidth='auto' needs at least 2 rows to compare, got {S.shape[0]}; "
             "pass a numeric bandwidth instead"
         )
-    S = S - S.mean(axis=0)  # distances are shift-free; the expansion below is not
     iu = np.triu_indices(S.shape[0], k=1)
     if kernel == "laplacian":
         d = np.abs(S[:, None, :] - S[None, :, :]).sum(axis=2)[iu]

@@ -33,9 +33,12 @@ def _sq_dist(X: Any, Z: Any) -> Any:
     """|x - z|^2 by the expansion, about Z's mean: far from the origin the
     expansion's terms would cancel (solvers.kernel_rows.centers_payload)."""
     xp = namespace(X)
-    if Z.shape[0]:
+    if Z.shape[0] and X.dtype.itemsize < 8:
+        # float64 keeps ~1e-10 of a 1e3 offset's 1e6 terms, and its results stay
+        # bit for bit those of earlier versions (a resumed fit's step size comes
+        # from k(S, S)); float32 needs the shift
         m = Z.mean(axis=0)
-        X, Z = X - m, Z - m
+        X, Z = (X - m,) * 2 if Z is X else (X - m, Z - m)
     xx = (X * X).sum(axis=1)[:, None]
     zz = (Z * Z).sum(axis=1)[None, :]
     d2 = xx + zz - 2 * (X @ Z.T)

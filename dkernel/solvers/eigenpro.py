@@ -118,13 +118,16 @@ def given_q(q: int, values: np.ndarray, limit: int) -> int:
     positive: past the sample's rank it is rounding noise, and a negative one
     crashed the step size (a complex power) or divided by zero."""
     used = min(int(q), int(limit) - 1)
-    if used >= 1 and values[used] > 0:
+    # "positive" beyond the float32 eigensolver's rounding (~ pairs x eps x lambda_1):
+    # its sign there moves with the BLAS threads (README, "Running on a cluster")
+    floor = float(values[0]) * len(values) * 2.0**-23
+    if used >= 1 and values[used] > floor:
         return used
-    usable = int(np.sum(np.asarray(values[:limit]) > 0)) - 1
+    usable = int(np.sum(np.asarray(values[:limit]) > floor)) - 1
     fix = f"pass q <= {usable} or leave q='auto'" if usable >= 1 else "leave q='auto'"
     raise ValueError(f"q={q}: the preconditioner's eigenvalue lambda_{used + 1} is "
-                     f"{float(values[used]):.3g}, not positive (the sample resolves no direction "
-                     f"past its rank); {fix}")
+                     f"{float(values[used]):.3g}, not above rounding (the sample resolves no "
+                     f"direction past its rank); {fix}")
 
 
 #: Pairs the automatic kernel-form preconditioner asks for when q is not given
@@ -343,12 +346,14 @@ def kernel_block(params: dict, X: Any) -> Any:
                        out, Z["centers_shift"])
 
 
-def predict_kernel(X: Any, centers: np.ndarray, coef: np.ndarray, kernel: str, bandwidth: float,
+def predict_kernel(X: Any, centers: np.ndarray | dict, coef: np.ndarray, kernel: str,
+                   bandwidth: float,
                    tile_rows: int = 512) -> Any:
-    """f(X) = K(X, C) a, tile by tile through one reused buffer."""
+    """f(X) = K(X, C) a, tile by tile through one reused buffer; ``centers``: C,
+    or :func:`centers_payload` of C, computed once for many calls."""
     xp = namespace(X)
     X = X.astype(np.float32, copy=False)
-    c = centers_payload(_np(centers))
+    c = centers if isinstance(centers, dict) else centers_payload(_np(centers))
     C, C_sq, shift = (xp.asarray(c[k]) for k in ("centers", "centers_sq", "centers_shift"))
     a = xp.asarray(coef, dtype=np.float32)
     f = xp.empty((X.shape[0], a.shape[1]), dtype=np.float32)

@@ -212,10 +212,12 @@ def labels_as(y: np.ndarray, y_dtype: np.dtype, path: str) -> np.ndarray:
     change: float32 holds integers exactly only up to 2**24, so a class id
     16777217 would silently become 16777216."""
     out = y.astype(y_dtype)
-    lost = (y == np.round(y)) & (out != y)
+    # an integer dtype must hold every label; a float one every whole-number label
+    # (a real-valued target rounds as any float does)
+    lost = (out != y) if np.dtype(y_dtype).kind in "iu" else (y == np.round(y)) & (out != y)
     if lost.any():
-        raise IngestError(f"{path}: label {y[lost][0]:.0f} is not exact in {np.dtype(y_dtype)}; "
-                          "pass y_dtype='float64'")
+        raise IngestError(f"{path}: label {y[lost][0]:.10g} is not exact in "
+                          f"{np.dtype(y_dtype)}; pass y_dtype='float64'")
     return out
 
 

@@ -6,7 +6,6 @@ or random features (EigenPro-RF, Table 1, :mod:`.features`)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from typing import Any
@@ -28,7 +27,7 @@ from dkernel.estimators.eigenpro.nystrom import _DEFAULT_RIDGE, NystromRoute
 from dkernel.estimators.eigenpro.route import Route, checked_predict_block, predict_block
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
-from dkernel.estimators.spec import documented
+from dkernel.estimators.spec import documented, params_of
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 
 __all__ = ["EigenProClassifier", "EigenProRegressor", "rf_subsample", "_DEFAULT_RIDGE",
@@ -78,7 +77,7 @@ class _EigenProBase(BaseEstimator):
             raise ValueError(f"feature_cache={self.feature_cache!r} applies to the random-feature "
                              "form (n_features set); the kernel form keeps kernel rows: set "
                              "kernel_cache instead")
-        block_default = inspect.signature(type(self).__init__).parameters["block_size"].default
+        block_default = next(p.default for p in params_of(type(self)) if p.name == "block_size")
         if self._given("n_features") is None and self.block_size != block_default:
             raise ValueError(f"block_size={self.block_size} sets the random-feature form's blocks "
                              "(n_features set); the kernel form has none: drop block_size or "

@@ -24,7 +24,12 @@ from dkernel.solvers.eigenpro import (
     critical_batch,
     subsample_preconditioner,
 )
-from dkernel.solvers.kernel_rows import FillLost, kernel_rows_key, symmetric_fill
+from dkernel.solvers.kernel_rows import (
+    FillLost,
+    centers_payload,
+    kernel_rows_key,
+    symmetric_fill,
+)
 from dkernel.solvers.targets import TargetEncoding
 
 #: subsample_size="auto" below 100k rows: the most rows whose eigenpairs are still
@@ -73,8 +78,9 @@ class KernelRoute(Route):
         if est._given("step_size") is not None:
             program.eta_override = float(est.step_size)
         est.lanes_ = engine.pin_lanes(data)  # recorded: the model depends on it
+        shifted = centers_payload(centers)  # once, not per block of every evaluation
         state = fit.run_steps(program, batch, resident=resident, evaluate=self.evaluator(
-            fit, encoding, lambda st: {"kind": "kernel", "centers": centers, "kernel": est.kernel,
+            fit, encoding, lambda st: {"kind": "kernel", "centers": shifted, "kernel": est.kernel,
                                        "bandwidth": bandwidth, "coef": st["coef"]}))
         est.kernel_ = est.kernel
         est.form_, est.solver_, est.centers_, est.coef_ = "kernel", "eigenpro", centers, \
@@ -108,7 +114,7 @@ class KernelRoute(Route):
     @staticmethod
     def predict_spec(est: Any, coef: np.ndarray) -> dict:
         # the kernel the fit ran (model files keep it as the parameter)
-        return {"kind": "kernel", "centers": est.centers_,
+        return {"kind": "kernel", "centers": centers_payload(est.centers_),
                 "kernel": getattr(est, "kernel_", est.kernel), "bandwidth": est.bandwidth_,
                 "coef": coef}
 

@@ -72,6 +72,8 @@ class NystromRoute(KernelRoute):
                      "cache": mode,
                      "centers_token": dask.base.tokenize(data.X.name, est.kernel, bandwidth, idx)}
 
+        shifted = {k: constants[k] for k in ("centers", "centers_sq", "centers_shift")}
+
         def one_pass(v: np.ndarray, targets: bool) -> dict:
             return engine.map_reduce(data, falkon_partial, {**constants, "v": v.astype(np.float32),
                                                             "targets": targets},
@@ -88,7 +90,7 @@ class NystromRoute(KernelRoute):
             t_iter[0] = now
             if fit.val is None:
                 return False
-            spec = {"kind": "kernel", "centers": centers, "kernel": est.kernel,
+            spec = {"kind": "kernel", "centers": shifted, "kernel": est.kernel,
                     "bandwidth": bandwidth, "coef": a}
             score = validation_score(engine, fit.val, est._task, predict_block, spec,
                                      encoding.classes, encoding.offset)
