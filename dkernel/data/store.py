@@ -216,9 +216,13 @@ def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
     store = group.store
     if type(store).__name__ not in ("LocalStore", "DirectoryStore"):  # zarr 3 / zarr 2
         return  # an object store: one namespace for every process
-    root = getattr(store, "root", None) or store.path
+    root = str(getattr(store, "root", None) or store.path)
+    # the group's metadata as this zarr wrote it (zarr 3: zarr.json, zarr 2: .zgroup)
+    marker = next((os.path.join(root, m) for m in ("zarr.json", ".zgroup")
+                   if os.path.exists(os.path.join(root, m))), None)
+    if marker is None:
+        return
     # (no worker at all: the writes wait for one, and connect's check applies)
-    marker = os.path.join(str(root), "zarr.json")
     seen = client.run(os.path.exists, marker)
     blind = sorted(w for w, ok in seen.items() if not ok)
     if blind:
