@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import time
+import warnings
 
 import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
-from dkernel import DSGClassifier, DSGRegressor, EigenProRegressor
+from dkernel import DSGClassifier, DSGRegressor, EigenProRegressor, FitQualityWarning
 from dkernel.data import ChunkPlan, open_dataset
 from dkernel.datasets import make_blobs_classification, make_dai_ridge
 from dkernel.engine import Engine, EngineOptions, tree_sum
@@ -652,8 +653,26 @@ def test_a_large_alpha_with_its_tiny_automatic_batch_fits_instead_of_diverging(c
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2000, 3))
     y = np.sin(X[:, 0]) + 0.5 * X[:, 1]
-    m = EigenProRegressor(alpha=1.0, bandwidth=1.0, n_epochs=1, client=client).fit(X, y)
+    with warnings.catch_warnings():
+        # nor is it called no better than the mean: its start and end are
+        # measured on the same PROBE_ROWS rows (it warned from ~32 rows each)
+        warnings.simplefilter("error", FitQualityWarning)
+        m = EigenProRegressor(alpha=1.0, bandwidth=1.0, n_epochs=2, client=client).fit(X, y)
     assert m.batch_size_ <= 3 and m.step_backoffs_ == [] and m.score(X, y) > 0.1
+
+
+@pytest.mark.parametrize("batch_size", [2, "auto"])
+def test_a_fit_that_barely_moved_is_called_no_better_than_its_start(client, batch_size):
+    # DSG at step_size=0.05 ended at training R^2 0.0002 with no warning: the
+    # end state had to be above the start to warn; on the same rows it must
+    # now be 1% below it
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1]
+    with pytest.warns(FitQualityWarning, match="no better than the starting model's .* to 1%"):
+        m = DSGRegressor(n_features=256, step_size=1e-6, batch_size=batch_size, n_epochs=1,
+                         client=client).fit(X, y)
+    assert m.score(X, y) < 0.01
 
 
 class _Drift(_Line):
@@ -733,8 +752,8 @@ def test_small_chunks_are_bundled_per_lane_class_and_never_across():
 
 
 def test_a_fit_on_small_chunks_takes_the_steps_its_batch_asks_for(client):
-    """DSG on 500-row chunks takes as many steps an epoch as on 4000-row chunks
-    (its lanes read bundles of 8), not one 500-row slice a lane a step, and
+    """DSG on 500-row chunks (and on in-memory X) takes as many steps an epoch
+    as on 4000-row chunks (its lanes read bundles of 8), not one 500-row slice a lane a step, and
     the fit is reproducible; its cached blocks are keyed by the member chunks."""
     from dkernel.engine.chunks import _BundleSource, _ChunkSource
 
@@ -747,6 +766,11 @@ def test_a_fit_on_small_chunks_takes_the_steps_its_batch_asks_for(client):
                                   da.from_array(y, chunks=4000))
     assert small[0].history_[0]["steps"] == wide.history_[0]["steps"] == 2
     np.testing.assert_array_equal(small[0].coef_, small[1].coef_)
+    # in-memory X is cut into small chunks too (data.dataset.as_dask_rows: 8 of
+    # 2000 rows here); its lanes bundle them alike, or batch_size_ would report
+    # 8192 rows for steps of 4000
+    host = DSGRegressor(**kw).fit(X, y)
+    assert host.batch_size_ == 8192 and host.history_[0]["steps"] == 2
     source = _BundleSource(_ChunkSource(client, open_dataset(X, y, chunk_rows=500), "float32"),
                            [(0, 2), (1, 3)])
     assert source.key("X", 0) == ("X", ("bundle", 0, 2)) != ("X", 0)

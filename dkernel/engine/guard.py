@@ -2,8 +2,9 @@
 
 A step's partial results carry the mini-batch loss of the state the step
 started from.  The first step's loss (the starting model: zero coefficients,
-i.e. predicting the mean or the prior) is the reference (the first steps',
-pooled to ``POOL_ROWS`` rows when batches are smaller).  A step whose loss
+i.e. predicting the mean or the prior) is the reference (when batches are
+smaller than ``POOL_ROWS``, the starting state's loss on ``PROBE_ROWS`` rows,
+measured before the first step).  A step whose loss
 is not finite, or larger than ``factor`` (4) times the reference (an R^2 of -3)
 over the last ``POOL_ROWS`` rows at least, or a state
 holding NaN/inf, means the iteration is blowing up: the guard puts back the
@@ -25,8 +26,8 @@ seen in it (its starting state or one of its attempts) and the fit goes on,
 warning at the end as before: a target that cannot be learned hovers at its
 starting loss, and that is no error.  An epoch's end state is measured only
 by the next epoch's first step, so the fit's last epoch is also judged by a
-probe: the loss of its end state on the first batch of the epoch after, with
-no update (``Engine._probe_loss``).  Without it a one-epoch EigenPro fit
+probe: the loss of its end state on the rows the reference was measured on
+(the first batch), with no update (``Engine._probe_loss``).  Without it a one-epoch EigenPro fit
 whose step grew too large by the epoch's end returned a model with held-out
 R^2 -6.4 and no warning (tests/test_scale.py).
 
@@ -219,6 +220,16 @@ class DivergenceGuard:
             return None
         return sum(v * r for v, r in self.pool) / pooled
 
+    def set_reference(self, state: dict[str, Any], probe: tuple[float, int] | None) -> None:
+        """A pooled fit's reference: the starting state's (loss, rows) on
+        ``PROBE_ROWS`` rows, measured before its first step (none: the first
+        steps' losses are pooled instead, :meth:`_judged`)."""
+        if probe is not None:
+            # a starting loss of ~0 (e.g. a one-class objective at f = 0) is no
+            # scale to compare with: 0 disables the ratio test for this fit
+            state["guard_reference"] = probe[0] if probe[0] > 1e-8 else 0.0
+            state["guard_reference_rows"] = int(probe[1])
+
     def begin_epoch(self, state: dict[str, Any], epoch: int) -> None:
         """Keep the state an epoch starts from, to replay the epoch from it."""
         self.epoch = {"index": int(epoch), "state": copy.deepcopy(state), "applied": self.applied,
@@ -241,6 +252,8 @@ class DivergenceGuard:
         ep, self.epoch = self.epoch, None
         ref = state.get("guard_reference")
         self.pool = []  # whatever follows starts from a state these losses did not see
+        if probe is not None and not getattr(self.program, "supports_backoff", False):
+            self.end_loss = probe[0]  # (a pooled fit's, on its reference's rows: finish)
         if (ep is None or not ref or not getattr(self.program, "supports_backoff", False)
                 or not (ep["rows"] or probe)):
             return state, False
@@ -355,7 +368,8 @@ class DivergenceGuard:
         """Warn when the last steps' loss is no better than the starting model's.
 
         Where the probe after the last epoch measured the state the fit ended
-        with, that loss is the judge.  Otherwise the mini-batch losses of the
+        with, that loss is the judge, and it must be ``_LEAST_GAIN`` below the
+        reference, measured on the same rows.  Otherwise the mini-batch losses of the
         last ``_RECENT`` steps (each measured on the state before its update,
         over fresh rows) stand in for the final model's training loss; a fit of
         a single step has nothing to compare.
@@ -374,16 +388,22 @@ class DivergenceGuard:
         if self.end_loss is not None:
             # the end state itself, measured by the probe: the steps' losses of a
             # replayed last epoch start from the state that blew up (a fit that
-            # ended at training R^2 0.92 warned from their mean, 1.6x the start)
+            # ended at training R^2 0.92 warned from their mean, 1.6x the start).
+            # On the reference's own rows, so a gain under _LEAST_GAIN is no
+            # better: DSG at step_size=0.05 ended at training R^2 0.0002
             last, what = self.end_loss, "the training loss of the model it ended with"
+            bar = ref * (1.0 - _LEAST_GAIN)
         elif self.recent:
+            # other rows than the reference's: only a loss above it is evidence
             last, what = float(np.mean(self.recent)), "the mean training loss of the last steps"
+            bar = ref
         else:
             return
-        if last >= ref:
+        if last >= bar:
+            within = "" if bar == ref else f" to {100 * _LEAST_GAIN:g}%"
             warnings.warn(
                 f"{label}: {what} {last:.4g} is no better than the starting model's "
-                f"{ref:.4g} (predicting the mean or the prior); "
+                f"{ref:.4g} (predicting the mean or the prior){within}; "
                 f"{self.program.divergence_hint()}", FitQualityWarning, stacklevel=3)
 
 
@@ -413,6 +433,19 @@ _KEYS = ("guard_reference", "guard_reference_rows", "step_scale")
 #: steps), 32 rows' practically never (chi^2_32 / 32 > 4: 2e-13).  Batches of
 #: 32 rows or more are judged step by step, as before pooling.
 POOL_ROWS = 32
+
+#: Rows on which a pooled fit (batch under ``POOL_ROWS``) measures its starting
+#: state before its first step (the reference) and its end state after its
+#: last (the probe), the same rows both times (``Engine._probe_loss``): the
+#: end was judged over the last ~32 pooled rows against the first ~32, each
+#: mean 25% noise, and fits of R^2 0.01-0.19 (EigenPro at alpha >= 0.6, 2-row
+#: batches) warned that they were no better than the start.  On the same 256
+#: rows the two means share their rows' noise.
+PROBE_ROWS = 256
+
+#: Least gain on the starting loss (a fraction of it, on the same rows) a fit
+#: must show not to be called no better than its starting model (:meth:`finish`).
+_LEAST_GAIN = 0.01
 
 #: Least margin above the starting loss that replays an epoch (:func:`end_margin`).
 _END_FLOOR = 0.05

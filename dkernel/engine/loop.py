@@ -20,14 +20,12 @@ fit replays the same plan, so it ends with the same model.
 
 from __future__ import annotations
 
-import logging
 import re
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial, wraps
 from typing import Any
 
@@ -39,9 +37,9 @@ from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
 from dkernel.engine.checkpoint import DATA, Checkpointer, data_identity
 from dkernel.engine.chunks import _BundleSource, _ChunkSource, _KeptSource
-from dkernel.engine.guard import DivergenceGuard
+from dkernel.engine.guard import PROBE_ROWS, DivergenceGuard
 from dkernel.engine.program import StepProgram
-from dkernel.engine.progress import Progress
+from dkernel.engine.progress import Progress, report_epoch, time_budget
 from dkernel.engine.reduce import _CounterTree, _run_partial, _run_step_partial, tree_sum
 from dkernel.engine.stall import scatter, wait_running
 
@@ -160,8 +158,8 @@ class Engine:
         plan = self.plan(data, batch_size, random_state)
         source = _ChunkSource(self.client, data, opts.dtype, self._scattered)
         bundles = (chunk_bundles(plan.row_chunks, plan.lanes, plan.batch_size)
-                   if program.bundles_chunks and resident is None and data.host is None else None)
-        if bundles is not None:  # small store chunks: a lane reads several as one
+                   if program.bundles_chunks and resident is None else None)
+        if bundles is not None:  # small chunks (a store's, or in-memory X's): a lane reads several
             offsets = data.row_offsets()
             plan = ChunkPlan(tuple(int(sum(offsets[c + 1] - offsets[c] for c in b))
                                    for b in bundles), plan.batch_size, plan.lanes,
@@ -198,6 +196,9 @@ class Engine:
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
         run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
+        if guard.pool_rows and "guard_reference" not in state:  # (guard.PROBE_ROWS)
+            guard.set_reference(state, self._probe_loss(program, state, plan, source, data, 0,
+                                                        0, extra, run, rows=PROBE_ROWS))
         self.history = history  # a resumed fit's epochs before the checkpoint, as they were
 
         def checkpoint(step: int, seen: dict | None = None) -> None:
@@ -307,9 +308,11 @@ class Engine:
                                         **program.metrics(total))
                     del current
                 probe = None
-                if epoch == n_epochs - 1 and getattr(program, "supports_backoff", False):
-                    probe = self._probe_loss(program, state, plan, source, data, n_epochs, step,
-                                             extra, run)
+                if epoch == n_epochs - 1 and (guard.pool_rows or program.supports_backoff):
+                    # the end state on the reference's rows: the two losses share
+                    # those rows' noise (guard.finish)
+                    probe = self._probe_loss(program, state, plan, source, data, 0, step, extra,
+                                             run, rows=PROBE_ROWS if guard.pool_rows else 0)
                 state, replay = guard.end_epoch(state, step, probe)
                 if not replay:
                     break
@@ -324,9 +327,9 @@ class Engine:
                 "step_backoffs": len(guard.backoffs) - backoffs_before}
             if getattr(program, "supports_backoff", False):
                 entry["step_scale"] = float(state.get("step_scale", 1.0))
-            entry.update(_time_budget(seen, entry["seconds"], plan.lanes))
+            entry.update(time_budget(seen, entry["seconds"], plan.lanes))
             self.history.append(entry)
-            _report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"],
+            report_epoch(program.label, entry, plan.lanes, opts.progress, seen["slowest"],
                           program.slow_hint())
             if on_epoch is not None:
                 on_epoch(state, epoch)
@@ -346,12 +349,18 @@ class Engine:
 
     def _probe_loss(self, program: StepProgram, state: dict[str, Any], plan: ChunkPlan,
                     source: Any, data: Dataset, epoch: int, step: int, extra: tuple,
-                    run: str) -> tuple[float, int] | None:
-        """(mean loss, rows) of the final state on the first batch of the epoch
-        after the last, with no update: the guard judges the fit's end state by
-        it (guard.py), which no later step would measure.  None where the
-        program reports no loss or a worker was lost (no judgement then)."""
+                    run: str, rows: int = 0) -> tuple[float, int] | None:
+        """(mean loss, rows) of ``state`` on the first batch of ``epoch``, with no
+        update: after the last epoch the guard judges the fit's end state by it
+        (guard.py), which no later step would measure.  ``rows``: at least that
+        many rows of the epoch's first group (its first slices).  None where
+        the program reports no loss or a worker was lost (no judgement then)."""
         group = plan.groups(epoch)[0]
+        slices = {c: plan.row_slice(epoch, c, 0) for c in group}
+        if rows:
+            for c, sl in slices.items():
+                wide = min(sl.n, max(sl.per_lane, -(-rows // len(group))))
+                slices[c] = replace(sl, per_lane=wide, n_slices=1 if wide >= sl.n else 2)
         # a fresh key each call: a replayed last epoch probes again, and must
         # not find the first probe's futures whatever the scheduler still holds
         probe_id = uuid.uuid4().hex[:8]
@@ -359,7 +368,7 @@ class Engine:
             chunks = source.get(group)
             payload = _ship(self.client, program.payload(state, step))
             futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
-                                       chunks[c], plan.row_slice(epoch, c, 0),
+                                       chunks[c], slices[c],
                                        source.key(data.X.name, c) if program.wants_chunk
                                        else None, *extra, run=run, **source.placement(c),
                                        key=f"{_key_label(program.label)}-probe-{probe_id}-{c}")
@@ -526,47 +535,6 @@ class Engine:
         progress.close()
         return result
 
-
-def _time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
-    """Where an epoch's time went: ``compute_seconds`` (the partials' own time,
-    summed over lanes), ``busy`` (that over ``lanes`` x the epoch: 1 means the
-    lanes never waited), ``update_seconds`` (the client's updates),
-    ``wait_seconds`` (the client waiting for step results) and
-    ``straggler_seconds`` (per lane, the wait for each step's slowest lane:
-    its compute time less the lanes' mean, summed over the steps)."""
-    return {"compute_seconds": seen["compute"],
-            "busy": seen["compute"] / max(lanes * seconds, 1e-9),
-            "update_seconds": seen["update"], "wait_seconds": seen["wait"],
-            "straggler_seconds": seen["straggle"]}
-
-
-def _report_epoch(label: str, entry: dict, lanes: int, verbose: bool,
-                  slowest: dict[str, int] | None = None, hint: str = "") -> None:
-    """Say why an epoch was slow: logged at INFO always, printed when verbose
-    and the epoch was long.  ``slowest``: worker -> steps in which its lane
-    computed longest; ``hint``: what helps (:meth:`StepProgram.slow_hint`),
-    added when the lanes were busy less than half the epoch."""
-    idle = entry["seconds"] - entry["compute_seconds"] / lanes
-    rate = entry["rows"] / max(entry["seconds"], 1e-9)
-    straggler = ""
-    if slowest:
-        worker, count = max(slowest.items(), key=lambda kv: kv[1])
-        straggler = (f", {entry['straggler_seconds']:.1f} s waiting for each step's slowest "
-                     f"lane (most often {worker or 'one lane'}: {count} of "
-                     f"{sum(slowest.values())} steps)")
-    text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {rate:,.0f} rows/s; "
-            f"lanes busy {100 * entry['busy']:.0f}% ({entry['compute_seconds']:.1f} s of compute "
-            f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
-            f"{entry['update_seconds']:.1f} s{straggler}, the rest went to chunk reads and "
-            "scheduling")
-    if hint and entry["busy"] < 0.5:
-        text += f" ({hint} would help)"
-    _log.info(text)
-    if verbose and entry["busy"] < 0.8 and entry["seconds"] > 5:
-        print(text, file=sys.stderr, flush=True)
-
-
-_log = logging.getLogger("dkernel.engine")
 
 # Times a step is redone after losing a worker before the fit gives up.
 _STEP_RETRIES = 3

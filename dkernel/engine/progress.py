@@ -9,6 +9,7 @@ least every ``quiet_interval`` seconds on long runs), then one at the end.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import TextIO
@@ -70,3 +71,45 @@ class Progress:
         if self.enabled and self._tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:
+    """Where an epoch's time went: ``compute_seconds`` (the partials' own time,
+    summed over lanes), ``busy`` (that over ``lanes`` x the epoch: 1 means the
+    lanes never waited), ``update_seconds`` (the client's updates),
+    ``wait_seconds`` (the client waiting for step results) and
+    ``straggler_seconds`` (per lane, the wait for each step's slowest lane:
+    its compute time less the lanes' mean, summed over the steps)."""
+    return {"compute_seconds": seen["compute"],
+            "busy": seen["compute"] / max(lanes * seconds, 1e-9),
+            "update_seconds": seen["update"], "wait_seconds": seen["wait"],
+            "straggler_seconds": seen["straggle"]}
+
+
+def report_epoch(label: str, entry: dict, lanes: int, verbose: bool,
+                  slowest: dict[str, int] | None = None, hint: str = "") -> None:
+    """Say why an epoch was slow: logged at INFO always, printed when verbose
+    and the epoch was long.  ``slowest``: worker -> steps in which its lane
+    computed longest; ``hint``: what helps (:meth:`StepProgram.slow_hint`),
+    added when the lanes were busy less than half the epoch."""
+    idle = entry["seconds"] - entry["compute_seconds"] / lanes
+    rate = entry["rows"] / max(entry["seconds"], 1e-9)
+    straggler = ""
+    if slowest:
+        worker, count = max(slowest.items(), key=lambda kv: kv[1])
+        straggler = (f", {entry['straggler_seconds']:.1f} s waiting for each step's slowest "
+                     f"lane (most often {worker or 'one lane'}: {count} of "
+                     f"{sum(slowest.values())} steps)")
+    text = (f"{label} epoch {entry['epoch']}: {entry['seconds']:.1f} s, {rate:,.0f} rows/s; "
+            f"lanes busy {100 * entry['busy']:.0f}% ({entry['compute_seconds']:.1f} s of compute "
+            f"over {lanes} lane(s)); each lane idle {idle:.1f} s: the client's updates took "
+            f"{entry['update_seconds']:.1f} s{straggler}, the rest went to chunk reads and "
+            "scheduling")
+    if hint and entry["busy"] < 0.5:
+        text += f" ({hint} would help)"
+    _log.info(text)
+    if verbose and entry["busy"] < 0.8 and entry["seconds"] > 5:
+        print(text, file=sys.stderr, flush=True)
+
+
+_log = logging.getLogger("dkernel.engine")
