@@ -58,6 +58,22 @@ def test_an_offset_left_behind_by_few_steps_is_set_from_the_sample_and_recorded(
     assert back.offset_calibrated_ and back.offset_ == model.offset_
 
 
+def test_an_offset_above_every_row_or_below_every_row_is_never_kept(client):
+    # nu = 0.9: the SGD offset sat above the largest training score, so every
+    # row was an outlier, and a quarter of nu (0.225) let that share of 1.0
+    # pass; on 20 rows at nu = 0.1, four standard errors (0.27) let 0 pass
+    from dkernel.estimators.novelty import calibrated_offset
+
+    f = np.linspace(0.0, 1.0, 2000)
+    assert calibrated_offset(f, 2.0, 0.9) == (pytest.approx(0.9, abs=1e-3), True)
+    assert calibrated_offset(f[::100], -1.0, 0.1)[1]
+    assert calibrated_offset(f, 0.5, 0.52) == (0.5, False)  # within sampling: kept
+    X = np.random.default_rng(7).standard_normal((2000, 2))
+    model = DSGOneClassSVM(nu=0.9, n_features=512, client=client).fit(X)
+    frac_out = float((model.predict(X) == -1).mean())
+    assert 0.85 <= frac_out <= 0.95, frac_out  # scikit-learn's OneClassSVM: 0.90
+
+
 def test_one_class_model_file_round_trip(client, tmp_path):
     X = _two_blobs(500, 5)
     model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=1, batch_size=100,

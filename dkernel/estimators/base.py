@@ -8,6 +8,7 @@ import copy
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -144,6 +145,18 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         as EigenPro's settings were written before "auto")."""
         value = getattr(self, name)
         return None if value is None or (isinstance(value, str) and value == AUTO) else value
+
+    def _given_batch(self, n_rows: int) -> int | None:
+        """The ``batch_size`` given, clipped to the ``n_rows`` rows a step can
+        take (with a warning, as scikit-learn's MLP); None where automatic.  A
+        batch of 100000 on 2000 rows took steps of 2000 while the step size and
+        preconditioner were sized for 100000: training R^2 0.07 against 0.98."""
+        given = self._given("batch_size")
+        if given is None or int(given) <= int(n_rows):
+            return None if given is None else int(given)
+        warnings.warn(f"batch_size={given} is larger than the {n_rows} rows a step can take; "
+                      f"using {n_rows} (one step an epoch)", UserWarning, stacklevel=4)
+        return int(n_rows)
 
     def _keep_pool(self, features: Any, n_features: int) -> None:
         """The fitted feature map and what it fixes (``bandwidth_``, the input

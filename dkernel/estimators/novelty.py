@@ -20,11 +20,15 @@ _log = logging.getLogger(__name__)
 def calibrated_offset(f: np.ndarray, offset: float, nu: float) -> tuple[float, bool]:
     """(offset, replaced): the SGD ``offset`` unless the share of the sampled
     training scores ``f`` below it is further from nu than 4 binomial standard
-    errors (and a quarter of nu); then the nu-quantile of ``f``, the offset
-    that the nu-property (Schoelkopf et al. 2001, Prop. 4) gives this f."""
+    errors (and a quarter of nu's distance to 0 or 1, at most half of it); then
+    the nu-quantile of ``f``, the offset that the nu-property (Schoelkopf et
+    al. 2001, Prop. 4) gives this f.  The cap: at nu = 0.9 a quarter of nu
+    let every training row be an outlier pass, and on 20 rows at nu = 0.1 four
+    standard errors let none be."""
     f = np.asarray(f, dtype=np.float64)
     below = float(np.mean(f < offset))
-    tolerance = max(4.0 * math.sqrt(nu * (1.0 - nu) / f.size), 0.25 * nu)
+    room = min(nu, 1.0 - nu)
+    tolerance = min(max(4.0 * math.sqrt(nu * (1.0 - nu) / f.size), 0.25 * room), 0.5 * room)
     if abs(below - nu) <= tolerance:
         return float(offset), False
     return float(np.quantile(f, nu)), True

@@ -155,7 +155,8 @@ CHECKPOINT = Param("checkpoint", None, "str, optional", anything(), """\
     ``resume=True`` a fit continues from it and ends with the same model.""", "runtime",
                    flag=None)
 CHECKPOINT_EVERY = Param("checkpoint_every", 0, "int", integer(0),
-                         "Steps between two checkpoints (0: none).", "runtime", flag=None)
+                         "Steps between two checkpoints (0: none; a resumed fit keeps its\n"
+                         "    checkpoint's).", "runtime", flag=None)
 RESUME = Param("resume", False, "bool", boolean(),
                "Continue from ``checkpoint`` (same seed, data and settings: other data or\n"
                "    settings are refused by name).", "runtime",
@@ -395,7 +396,10 @@ _STREAMING = (
         least 16384 rows, else enough passes to stream that many, at most
         16: one pass over 300 rows missed exact kernel PCA by sin^2 0.56, as
         the stream noise of Oja's rule falls with the rows it sees
-        (benchmarks/quality.py).  Resolved value: ``n_passes_``.""", "sgd"),
+        (benchmarks/quality.py).  With ``step_size="auto"`` too, under 1024
+        rows (16 passes short of 16384) the components are solved exactly
+        from every row's features instead (``n_passes_`` 0).  Resolved value:
+        ``n_passes_``.""", "sgd"),
     *_RUNTIME)
 
 # DSGOneClassSVM, DSGDensityRatio -------------------------------------------------------

@@ -54,9 +54,11 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         Mean feature vector of the stream (zeros when ``center=False``);
         ``transform`` subtracts it.
     eta_ : float
-        The step used.
+        The step used (0 where solved exactly).
     n_passes_ : int
-        Passes over the rows, as ``n_passes`` resolved.
+        Passes over the rows, as ``n_passes`` resolved; 0 where the rows were
+        too few for Oja's rule (``n_passes``) and the components are the exact
+        top eigenvectors of their features' covariance.
     """
 
     def __init__(self, n_components: int = 1, *, kernel: str = "gaussian",
@@ -83,6 +85,12 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             features, n_blocks = fit.feature_map(fit.bandwidth(sample), block_size=256)
             B = features.block_size
             auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
+            if (self.n_passes == self.step_size == "auto" and len(sample) == data.n_rows
+                    and self.n_components <= data.n_rows < _STREAM_ROWS / _MAX_PASSES):
+                # 16 passes would stream too few rows to converge (10 rows: the
+                # second eigenvalue 40x too small); every row is in the sample
+                self._fit_exact(features, n_blocks, sample, center, time.perf_counter() - t0)
+                return self
             self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
                                        else auto_passes)
             if self.step_size == "auto":
@@ -107,6 +115,24 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.history_ = [{"epoch": 1, "rows": passes * int(data.n_rows),
                           "seconds": time.perf_counter() - t0, "variance": float(lam.sum())}]
         return self
+
+    def _fit_exact(self, features: FeatureMap, n_blocks: int, rows: np.ndarray, center: bool,
+                   seconds: float) -> None:
+        """The point Oja's rule converges to, from every row: the top eigenvectors
+        of the (centred) feature covariance Z^T Z / n, through the n x n Gram."""
+        Z = oja.features_of({"features": features, "n_blocks": n_blocks}, rows)
+        Z = np.asarray(Z, dtype=np.float64)
+        mean = Z.mean(axis=0) if center else np.zeros(Z.shape[1])
+        Z -= mean
+        lam, U = np.linalg.eigh(Z @ Z.T / len(Z))
+        k = int(self.n_components)
+        lam, U = np.maximum(lam[::-1][:k], 0.0), U[:, ::-1][:, :k]
+        V = Z.T @ U
+        V /= np.maximum(np.linalg.norm(V, axis=0), 1e-300)
+        self.n_passes_ = 0
+        self._set_fitted(features, n_blocks, V.astype(np.float64), lam, 0.0, mean)
+        self.history_ = [{"epoch": 1, "rows": int(len(Z)), "seconds": seconds,
+                          "variance": float(lam.sum())}]
 
     def _set_fitted(
         self, features: FeatureMap, n_blocks: int, V: np.ndarray, lam: np.ndarray, eta: float,

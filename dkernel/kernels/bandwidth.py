@@ -4,6 +4,7 @@ top eigenvalue of the kernel operator that bounds stable step sizes."""
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial.distance import pdist
 
 
 def median_heuristic(sample: np.ndarray, kernel: str) -> float:
@@ -21,7 +22,8 @@ def median_heuristic(sample: np.ndarray, kernel: str) -> float:
         )
     iu = np.triu_indices(S.shape[0], k=1)
     if kernel == "laplacian":
-        d = np.abs(S[:, None, :] - S[None, :, :]).sum(axis=2)[iu]
+        # condensed, in C: the n x n x d differences were 6 GB for 1000 rows of 784
+        d = pdist(S, "cityblock")
     else:
         sq = (S * S).sum(1)
         d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0))[iu]

@@ -112,7 +112,7 @@ class FeatureRoute(Route):
         # (solvers.eigenpro_rf's docstring)
         shifted = pre.shifted(ridge)
         m_star = critical_batch(beta + ridge, shifted.new_top)
-        given = est._given("batch_size")
+        given = est._given_batch(data.n_rows)
         if k > 1:  # ``batch``: rows of one lane's local step; a round, k of them a lane
             batch = (math.ceil(int(given) / est.lanes_) if given
                      else max(1, min(int(m_star), max_batch, data.n_rows)))

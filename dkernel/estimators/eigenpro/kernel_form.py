@@ -69,7 +69,7 @@ class KernelRoute(Route):
                                             random_state=est.random_state_)
         # alpha raises the operator's eigenvalues by alpha (solvers.eigenpro's docstring)
         m_star = critical_batch(beta + ridge, pre.new_top + ridge)
-        batch = int(est._given("batch_size") or max(1, min(int(m_star), max_batch, p)))
+        batch = est._given_batch(data.n_rows) or max(1, min(int(m_star), max_batch, p))
         token = dask.base.tokenize(data.X.name, est.kernel, bandwidth, p)
         resident = self._fill(fit, chunks, homes, token, mode, bandwidth)
         del chunks
