@@ -121,9 +121,13 @@ def _npz_bytes(arrays: dict[str, np.ndarray], meta: dict) -> bytes:
     return buf.getvalue()
 
 
-def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> None:
+def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, *,
+                     exclusive: bool = False) -> None:
     """Write arrays + JSON meta to ``path`` atomically; a reader sees the old
-    file or the new one, never a half-written one.
+    file or the new one, never a half-written one.  ``exclusive``: never
+    replace a file at ``path`` -- one another writer made while this one
+    worked is kept and this write fails (FileExistsError); for a local path
+    the commit is a hard link, which the kernel refuses onto an existing name.
 
     Local paths: a temporary file in the same folder, fsync, rename.
 
@@ -148,6 +152,8 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
             fs.pipe_file(tmp, data)
             if fs.cat_file(tmp) != data:
                 raise OSError(f"the upload of {path!r} read back differently; not committed")
+            if exclusive and fs.exists(key):  # (a bucket has no exclusive copy: checked last)
+                raise _appeared(path)
             fs.copy(tmp, key)
         finally:
             try:
@@ -173,11 +179,24 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if not exclusive:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise _appeared(path) from None
+            os.unlink(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _appeared(path: str) -> FileExistsError:
+    return FileExistsError(f"{path!r} appeared while this output was written (another run "
+                           "writing the same path?); it was kept: remove it or choose another "
+                           "output path")
 
 
 def _umask() -> int:

@@ -296,6 +296,21 @@ def test_a_fingerprint_that_differs_by_rounding_still_resumes(tmp_path):
             Checkpointer(path, 1, other).load()
 
 
+def test_a_fit_resumed_with_no_interval_goes_on_checkpointing_at_its_own(tmp_path):
+    # `dkernel fit --resume` (no --checkpoint-every) wrote no more checkpoints:
+    # a second Ctrl-C lost every step since the first
+    from dkernel.engine.checkpoint import Checkpointer
+
+    path = tmp_path / "c.npz"
+    Checkpointer(path, 10, {"solver": "dsg"}).save({"coef": np.ones(3)}, 40)
+    resumed = Checkpointer(path, 0, {"solver": "dsg"})
+    assert not resumed.due(50)
+    assert resumed.load()[1] == 40 and resumed.every == 10 and resumed.due(50)
+    given = Checkpointer(path, 7, {"solver": "dsg"})  # an interval given wins
+    given.load()
+    assert given.every == 7
+
+
 def test_is_checkpoint_reads_the_metadata_and_names_a_newer_format(tmp_path):
     from dkernel.engine.checkpoint import Checkpointer, is_checkpoint
     from dkernel.files import NewerFormatError, read_npz_meta

@@ -46,7 +46,8 @@ def test_a_failed_write_returns_only_when_no_task_writes_any_more(client, tmp_pa
 
 def test_two_writes_in_one_process_get_their_own_temporary_stores(tmp_path):
     out = tmp_path / "s.zarr"
-    with atomic_store(out) as a, atomic_store(out, overwrite=True) as b:
+    # (both overwrite: without it the later commit refuses the earlier's store)
+    with atomic_store(out, overwrite=True) as a, atomic_store(out, overwrite=True) as b:
         first, second = store_location(a, out), store_location(b, out)
         assert first != second
         assert ".s.zarr.tmp-" in first and ".s.zarr.tmp-" in second
@@ -134,3 +135,27 @@ def test_a_write_landing_after_the_cleanup_is_removed_too(tmp_path):
     _remove_settled(str(tmp))
     writer.join(timeout=10)
     assert not tmp.exists()
+
+
+def test_an_output_another_run_wrote_meanwhile_is_kept_without_overwrite(tmp_path):
+    # two `dkernel fit --out same.npz` at once both exited 0 and the second
+    # model replaced the first; a store's commit removed the other one's store
+    import zarr
+
+    from dkernel.files import read_npz, write_npz_atomic
+
+    model = str(tmp_path / "m.npz")
+    write_npz_atomic(model, {"a": np.zeros(1)}, {"who": "first"})  # the other run's
+    with pytest.raises(FileExistsError, match="appeared while"):
+        write_npz_atomic(model, {"a": np.ones(1)}, {"who": "second"}, exclusive=True)
+    assert read_npz(model)[1]["who"] == "first"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+    path = str(tmp_path / "t.zarr")
+    with pytest.raises(FileExistsError, match="appeared while"):
+        with atomic_store(path) as g:
+            g.attrs["who"] = "mine"
+            zarr.open_group(path, mode="w").attrs["who"] = "theirs"
+    assert zarr.open_group(path, mode="r").attrs["who"] == "theirs"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+    write_npz_atomic(model, {"a": np.ones(1)}, {"who": "second"})  # overwrite: replaced
+    assert read_npz(model)[1]["who"] == "second"

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 
@@ -123,7 +124,9 @@ def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = 
     """The overwrite policy of every command that writes: an existing output is
     refused unless ``--overwrite`` is given (checked before any work); a
     ``store`` output is replaced only if it is a store (or an empty folder), a
-    ``model`` output only if it is a model file."""
+    ``model`` output only if it is a model file.  And its folder must take a
+    file (:func:`check_writable`)."""
+    check_writable(path, flag)
     if overwrite:
         if store and "://" not in path.removeprefix("file://"):
             from dkernel.data.store import check_replaceable
@@ -143,6 +146,27 @@ def check_output(path: str, overwrite: bool, flag: str = "--out", store: bool = 
         raise FileExistsError(
             f"{flag} {path!r} already exists; pass --overwrite to replace it or choose another path"
         )
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Refuse a local output whose folder (or the nearest one that exists, the
+    rest being made) takes no file, before any work: a read-only mount or a
+    full disk failed only once the fit was done, naming a temporary file."""
+    if "://" in path.removeprefix("file://"):
+        return
+    folder = os.path.dirname(os.path.abspath(path.removeprefix("file://")))
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{flag} {path!r} cannot be written: {folder!r} is a file, "
+                                 "not a folder; choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dkernel-probe-", dir=folder)
+    except OSError as e:
+        raise PermissionError(f"{flag} {path!r} cannot be written ({folder}: "
+                              f"{e.strerror}); choose another path") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _check_model_replaceable(path: str, flag: str) -> None:

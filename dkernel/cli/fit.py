@@ -157,7 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: MODEL.ckpt.npz)")
     c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
-                   metavar="N", help="write a checkpoint every N steps (0: never)")
+                   metavar="N", help="write a checkpoint every N steps (0: never; --resume alone "
+                   "keeps the checkpoint's N)")
     c.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     common.add_output_args(p, overwrite=True)
     common.add_cluster_args(p)
@@ -184,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.engine import connect
     from dkernel.engine.checkpoint import is_checkpoint
+    from dkernel.estimators.model_file import write_model
     from dkernel.io import file_exists, remove_file
 
     est = build(args)
@@ -194,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
                          "deleted when the model is saved, so name another file (default: "
                          "MODEL.ckpt.npz)")
     if args.checkpoint_every or args.resume:
+        common.check_writable(checkpoint, "--checkpoint")
         est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
     if file_exists(checkpoint) and not is_checkpoint(checkpoint):
@@ -223,7 +226,13 @@ def run(args: argparse.Namespace) -> int:
         est.fit(args.store)
     seconds = time.perf_counter() - start
     est.set_params(client=None)
-    est.save(args.out)
+    # without --overwrite, a model another run saved at --out meanwhile is kept
+    try:
+        write_model(est, args.out, exclusive=not args.overwrite)
+    except OSError as e:
+        if isinstance(e, FileExistsError):
+            raise
+        raise OSError(e.errno, f"--out {args.out!r} could not be written: {e.strerror or e}") from e
     remove_file(checkpoint)  # a local path or a URL (s3://...)
     cache = getattr(est, "feature_cache_", None)  # the feature solvers' resolved choice
     common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s"

@@ -6,6 +6,7 @@ on a failure stops them all before the temporary store is removed;
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -93,9 +94,18 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
                                f"{uuid.uuid4().hex[:12]}")
     try:
         yield zarr.open_group(tmp, mode="w")
-        if os.path.exists(path):
+        if overwrite and os.path.exists(path):
             shutil.rmtree(path)
-        os.replace(tmp, path)
+        try:
+            # without overwrite a store another writer put at path meanwhile
+            # stays: rename refuses a non-empty folder (an empty one is free)
+            os.rename(tmp, path)
+        except OSError as e:
+            if overwrite or e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise FileExistsError(
+                f"{path!r} appeared while this store was written (another run writing the "
+                "same path?); it was kept: remove it or choose another output path") from None
     except BaseException:
         _remove_settled(tmp)
         raise

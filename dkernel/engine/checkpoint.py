@@ -131,9 +131,14 @@ class Checkpointer:
 
     def save(self, state: dict[str, Any], step: int) -> None:
         arrays, scalars = split_state(state)
-        write_npz_atomic(self.path, arrays, {"kind": "checkpoint", "step": step,
-                                             "fingerprint": self.fingerprint, "scalars": scalars,
-                                             "versions": writer_versions()})
+        try:
+            write_npz_atomic(self.path, arrays, {"kind": "checkpoint", "step": step,
+                                                 "fingerprint": self.fingerprint,
+                                                 "scalars": scalars, "every": self.every,
+                                                 "versions": writer_versions()})
+        except OSError as e:  # (it named a temporary file, or no file: "No space left")
+            raise OSError(e.errno, f"checkpoint {self.path!r} could not be written: "
+                                   f"{e.strerror or e}; the previous one is kept") from e
 
     def load(self) -> tuple[dict[str, Any], int] | None:
         """(state, step) of an existing compatible checkpoint, or None if there is none."""
@@ -151,4 +156,8 @@ class Checkpointer:
                 f"checkpoint {self.path!r} belongs to a different fit (differs in: "
                 f"{', '.join(diff)}); resume with the same data and settings, or delete the "
                 "checkpoint to start over")
+        if not self.every:
+            # resumed with no interval given (``--resume`` alone): go on at the
+            # interrupted fit's, or a second interruption lost every step since
+            self.every = int(meta.get("every", 0))
         return {**arrays, **meta["scalars"]}, int(meta["step"])

@@ -45,8 +45,10 @@ def estimator_class(name: str) -> type | None:
     return _CLASSES.get(name)
 
 
-def write_model(estimator: Any, path: str | os.PathLike) -> None:
-    """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
+def write_model(estimator: Any, path: str | os.PathLike, *, exclusive: bool = False) -> None:
+    """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically;
+    ``exclusive``: fail rather than replace a file there (the CLI without
+    ``--overwrite``)."""
     arrays, meta = estimator._get_model_state()
     params = estimator.get_params()
     if not isinstance(params.get("random_state", 0), (int, np.integer)):
@@ -56,7 +58,7 @@ def write_model(estimator: Any, path: str | os.PathLike) -> None:
         meta = {**meta, "feature_names_in": [str(c) for c in estimator.feature_names_in_]}
     write_npz_atomic(path, arrays, {"kind": "model", "estimator": type(estimator).__name__,
                                     "params": _jsonable(params), "versions": writer_versions(),
-                                    **meta})
+                                    **meta}, exclusive=exclusive)
 
 
 def _jsonable(params: dict) -> dict:
