@@ -10,6 +10,9 @@ Estimators (scikit-learn shaped):
 - :class:`EigenProRegressor`, :class:`EigenProClassifier` -- preconditioned
   kernel SGD (Ma & Belkin 2017)
 - :class:`SphereRegressor` -- truncated kernel SGD on spheres (Bai & Shi)
+- :class:`KernelPCA`, :class:`KernelSVD`, :class:`KernelCCA` -- doubly
+  stochastic kernel PCA / SVD / CCA (Xie, Liang & Song 2015)
+- :class:`StreamingKernelPCA` -- streaming kernel PCA by Oja's rule (Deng et al.)
 
 Model files: :func:`save_model`, :func:`load_model`.  Data: :func:`open_dataset`.
 """
