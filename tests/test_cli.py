@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -71,9 +72,12 @@ def test_fit_predict_evaluate_info_on_stores(client, tmp_path, capsys):
     assert result["accuracy"] >= np.mean(krr.predict(Xt).argmax(1) == yt) - 0.05
 
     pred = str(tmp_path / "pred.zarr")
+    capsys.readouterr()
     assert main(["predict", model, test, "--out", pred]) == 0
     stored = zarr.open_group(pred, mode="r")["y_pred"][:]
     assert np.array_equal(stored, m.predict(Xt))
+    # a long prediction says how far it is (it was silent until done)
+    assert re.search(r"predict: \d+/\d+ chunks", capsys.readouterr().err)
 
     capsys.readouterr()
     assert main(["info", model, "--json"]) == 0

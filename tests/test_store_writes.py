@@ -159,3 +159,21 @@ def test_an_output_another_run_wrote_meanwhile_is_kept_without_overwrite(tmp_pat
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
     write_npz_atomic(model, {"a": np.ones(1)}, {"who": "second"})  # overwrite: replaced
     assert read_npz(model)[1]["who"] == "second"
+
+
+def test_a_write_removes_the_temporary_stores_of_killed_writers_on_this_host(tmp_path):
+    # a SIGKILLed `dkernel predict` left its .NAME.tmp-... store for good
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid no process has now
+    host = socket.gethostname()
+    stale = tmp_path / f".s.zarr.tmp-{host}-{dead.pid}-0123456789ab"
+    alive = tmp_path / f".s.zarr.tmp-{host}-{os.getpid()}-0123456789ab"  # a write in flight
+    other = tmp_path / f".s.zarr.tmp-other-host-{dead.pid}-0123456789ab"  # not ours to judge
+    for folder in (stale, alive, other):
+        folder.mkdir()
+    with atomic_store(tmp_path / "s.zarr") as g:
+        g.attrs["ok"] = True
+    assert sorted(os.listdir(tmp_path)) == sorted(["s.zarr", alive.name, other.name])

@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_apply(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.data.store import write_arrays
+    from dkernel.engine.progress import Progress
     from dkernel.io import load_model
 
     common.check_output(args.out, args.overwrite, store=True)
@@ -55,9 +56,12 @@ def run_apply(args: argparse.Namespace) -> int:
                 raise ValueError(f"{type(model).__name__}.{args.method} needs both views; use "
                                  "the Python API")
             outs = {"y_pred" if args.method == "predict" else "Z": out}
-        write_arrays(client, args.out, outs, int(data.X.chunks[0][0]), overwrite=args.overwrite,
+        chunk_rows = int(data.X.chunks[0][0])
+        bar = Progress(-(-data.n_rows // chunk_rows), args.method, not args.quiet, unit="chunks")
+        write_arrays(client, args.out, outs, chunk_rows, overwrite=args.overwrite,
                      attrs={"dkernel": args.method, "model": str(args.model),
-                            "estimator": type(model).__name__})
+                            "estimator": type(model).__name__}, each=lambda: bar.update(1))
+        bar.close()
     for name, out in outs.items():
         common.status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
     if args.json:

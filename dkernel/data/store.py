@@ -7,8 +7,10 @@ on a failure stops them all before the temporary store is removed;
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
+import socket
 import time
 import uuid
 import warnings
@@ -90,8 +92,9 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     os.makedirs(parent, exist_ok=True)
     # unique per call: two writes in one process (threads, a retry after a
     # failure whose tasks were still writing) never share a temporary store
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}-"
-                               f"{uuid.uuid4().hex[:12]}")
+    # the host and pid name the writer: a later write removes what a killed one left
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{socket.gethostname()}-"
+                               f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         yield zarr.open_group(tmp, mode="w")
         if overwrite and os.path.exists(path):
@@ -109,6 +112,25 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     except BaseException:
         _remove_settled(tmp)
         raise
+    _remove_dead_writers(parent, os.path.basename(path))
+
+
+def _remove_dead_writers(parent: str, name: str) -> None:
+    """Remove the temporary stores of writes to ``parent/name`` whose process,
+    on this host, is gone: a killed ``dkernel predict`` left 12 MB (make-store:
+    up to its whole size) that no later write removed."""
+    host = socket.gethostname()
+    for entry in glob.glob(os.path.join(glob.escape(parent),
+                                        f".{glob.escape(name)}.tmp-{glob.escape(host)}-*")):
+        try:
+            pid = int(entry.rsplit("-", 2)[1])
+            os.kill(pid, 0)
+        except ValueError:  # (not one of ours)
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            continue
 
 
 def _remove_settled(tmp: str, quiet: float = 0.3, limit: float = 10.0) -> None:
@@ -243,12 +265,14 @@ def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
 
 
 def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], chunk_rows: int,
-                 *, overwrite: bool = False, attrs: dict | None = None) -> str:
+                 *, overwrite: bool = False, attrs: dict | None = None,
+                 each: Any = None) -> str:
     """Write dask arrays of rows (None: left out) as the arrays of a store at
     ``path``, chunked by ``chunk_rows`` rows, on the workers of ``client``: each
     chunk is assembled and written by one worker, through :func:`run_writes`
     (a failure stops every task before the temporary store is removed).
-    Returns the path."""
+    ``each()`` is called as each chunk of rows is written (progress: a
+    prediction of 6M rows said nothing for a minute).  Returns the path."""
     import dask.array as da
 
     with atomic_store(path, overwrite) as group:
@@ -260,7 +284,16 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                                             chunk_rows))
                 # the arrays' row chunks align, so no two tasks write one zarr chunk
                 sources.append(a.rechunk(targets[-1].chunks))
-        run_writes(client, da.store(sources, targets, lock=False, compute=False))
+        if each is None:
+            run_writes(client, da.store(sources, targets, lock=False, compute=False))
+        else:  # one collection a chunk of rows, so each one's end is seen
+            offsets = np.cumsum((0,) + sources[0].chunks[0])
+            run_writes(client, tuple(
+                da.store([s.blocks[i] for s in sources], targets, lock=False, compute=False,
+                         regions=[(slice(int(a), int(b)),) + (slice(None),) * (s.ndim - 1)
+                                  for s in sources])
+                for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))),
+                each=lambda _: each())
         group.attrs.update(attrs or {})
     return os.fspath(path)
 

@@ -45,10 +45,18 @@ _checked: dict[str, frozenset[str]] = {}
 
 def worker_versions(client: Any) -> dict[str, dict[str, str | None]]:
     """``{worker address: {package: version or None}}`` for :data:`PACKAGES`,
-    as each worker's own imports report them."""
+    as each worker's own imports report them.  A worker lost during the check
+    (its connection closed) is left out, and named in the log: it was reported
+    as one that runs another dkernel, and --upload-package restarted them all."""
     replies = client.run(_probe.package_versions, list(PACKAGES), on_error="return")
-    return {w: (r if isinstance(r, dict) else {"dkernel": f"unknown ({type(r).__name__}: {r})"})
-            for w, r in replies.items()}
+    out = {}
+    for w, r in replies.items():
+        if isinstance(r, (OSError, TimeoutError)):  # (distributed's CommClosedError too)
+            _log.warning("worker %s was lost during the version check (%s); left out",
+                         w, type(r).__name__)
+        else:
+            out[w] = r if isinstance(r, dict) else {"dkernel": f"unknown ({type(r).__name__}: {r})"}
+    return out
 
 
 def _dkernel_mismatches(mine: dict[str, str | None],
