@@ -315,3 +315,20 @@ def test_a_parallel_reader_connects_to_a_scheduler_address_for_the_call(client, 
     with pytest.raises(ValueError, match="client= or scheduler=, not both"):
         ingest_parquet(src, tmp_path / "t.zarr", client=client,
                        scheduler=client.scheduler.address)
+
+
+def test_csv_blocks_shrink_to_fit_small_workers():
+    # a 60 MB CSV in one 64 MB block on two 500 MB workers: killed four times,
+    # then "all those workers died" (8 restarts with a 70 MB file); 15 MB blocks
+    # ingest it in 7 s
+    from distributed import Client, LocalCluster
+
+    from dkernel.data.ingest.csv import _fitting_block
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="480MB",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        assert _fitting_block(c, 64 * 2**20) == 480_000_000 // 32
+        assert _fitting_block(c, 2**20) == 2**20  # never larger than asked
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        assert _fitting_block(c, 64 * 2**20) == 64 * 2**20  # no limit: as asked

@@ -178,5 +178,6 @@ def _describe(path: str) -> str:
     parts = [f"X {X.shape[0]} x {X.shape[1]} {X.dtype}"]
     if "y" in group:
         parts.append(f"y {tuple(group['y'].shape)} {group['y'].dtype}")
-    parts.append(f"{-(-X.shape[0] // X.chunks[0])} chunk(s) of {X.chunks[0]} rows")
+    # (a zarr chunk may be longer than the rows it holds: 2000 rows in one of 8192)
+    parts.append(f"{-(-X.shape[0] // X.chunks[0])} chunk(s) of {min(X.chunks[0], X.shape[0])} rows")
     return ", ".join(parts)

@@ -235,8 +235,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     check_out(out, overwrite)
     _, delimiter, fields, header = _first_row(path, header, delimiter)
     gz = is_gzip(path) if "://" not in path else path.endswith(".gz")
-    kw: dict[str, Any] = {"blocksize": None if gz else blocksize,
-                          "header": 0 if header else None}
+    kw: dict[str, Any] = {"header": 0 if header else None}
     if delimiter is None:
         kw["sep"] = r"\s+"
     else:
@@ -246,11 +245,12 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         kw["names"] = [str(j) for j in range(len(fields))]
     if gz:
         kw["compression"] = "gzip"
-    try:
-        ddf = dd.read_csv(path, **kw)
-    except Exception as exc:
-        raise IngestError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
     with on_cluster(client, "ingest_csv_parallel", scheduler) as c:
+        kw["blocksize"] = None if gz else _fitting_block(c, blocksize)
+        try:
+            ddf = dd.read_csv(path, **kw)
+        except Exception as exc:
+            raise IngestError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
         try:
             return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
         except _TypeChange as exc:
@@ -261,6 +261,16 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
             # does, and a missing value is then refused naming its row.
             ddf = dd.read_csv(path, dtype={c: "float64" for c in exc.numeric}, **kw)
             return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
+
+
+def _fitting_block(client: Any, blocksize: int) -> int:
+    """``blocksize``, or less where the smallest worker's memory limit is under
+    32 blocks: parsing a block holds several times its bytes, and 64 MB blocks
+    on 500 MB workers had them killed 8 times over, then the ingest failed
+    with Dask's "all those workers died"."""
+    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+    smallest = min((m for m in limits if m > 0), default=0)
+    return int(blocksize if not smallest else max(2**20, min(blocksize, smallest // 32)))
 
 
 def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtype: Any,
