@@ -16,6 +16,7 @@ Paths may be fsspec URLs (``s3://bucket/m.npz``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import io
 import json
@@ -186,11 +187,25 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
                 os.link(tmp, path)
             except FileExistsError:
                 raise _appeared(path) from None
-            os.unlink(tmp)
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                # FAT, SMB without unix extensions, most FUSE mounts: checked, then
+                # renamed (the race a bucket has too), rather than no model at all
+                if os.path.exists(path):
+                    raise _appeared(path) from None
+                os.replace(tmp, path)
+            else:
+                os.unlink(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+#: errno of a filesystem that makes no hard links (:func:`write_npz_atomic`).
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV,
+                  errno.EMLINK}
 
 
 def _appeared(path: str) -> FileExistsError:

@@ -150,6 +150,12 @@ def test_bounded_gradient_losses_fit_targets_in_any_units(client):
     assert below[0.05] < 0.3 and below[0.95] > 0.7, below  # measured 0.155 / 0.803 (held out)
     m = DSGRegressor(loss="epsilon_insensitive", n_features=512, client=client).fit(X, y)
     assert m.score(X, y) > 0.3  # 0.49 on y itself
+    # one step for all outputs, from the smallest column's spread: the RMS of
+    # the spreads took the unit-scale column of this y to R^2 -400
+    Y = np.column_stack([y, np.sin(3 * X[:, 0])])
+    m = DSGRegressor(loss="huber", n_features=512, client=client).fit(X, Y)
+    r2 = 1 - np.mean((m.predict(X)[:, 1] - Y[:, 1]) ** 2) / np.var(Y[:, 1])
+    assert r2 > 0.3, r2
 
 
 def test_cli_passes_epsilon_and_quantile_and_saves_them(client, tmp_path, capsys):

@@ -74,6 +74,17 @@ def test_an_offset_above_every_row_or_below_every_row_is_never_kept(client):
     assert 0.85 <= frac_out <= 0.95, frac_out  # scikit-learn's OneClassSVM: 0.90
 
 
+def test_one_class_is_a_scikit_learn_outlier_detector_with_fit_predict(client):
+    from sklearn.base import is_outlier_detector
+
+    X = np.random.default_rng(1).standard_normal((500, 2))
+    model = DSGOneClassSVM(nu=0.1, n_features=256, client=client)
+    assert is_outlier_detector(model)
+    labels = model.fit_predict(X)
+    np.testing.assert_array_equal(labels, model.predict(X))
+    assert set(np.unique(labels)) == {-1, 1}
+
+
 def test_one_class_model_file_round_trip(client, tmp_path):
     X = _two_blobs(500, 5)
     model = DSGOneClassSVM(nu=0.2, bandwidth=0.7, n_features=256, n_epochs=1, batch_size=100,

@@ -309,6 +309,10 @@ def test_a_fit_resumed_with_no_interval_goes_on_checkpointing_at_its_own(tmp_pat
     given = Checkpointer(path, 7, {"solver": "dsg"})  # an interval given wins
     given.load()
     assert given.every == 7
+    # a checkpoint of an older plan says so, not "resume with the same data"
+    Checkpointer(path, 1, {"solver": "dsg", "plan_version": 2}).save({"coef": np.ones(3)}, 4)
+    with pytest.raises(ValueError, match="written by an older dkernel"):
+        Checkpointer(path, 1, {"solver": "dsg", "plan_version": 3}).load()
 
 
 def test_is_checkpoint_reads_the_metadata_and_names_a_newer_format(tmp_path):

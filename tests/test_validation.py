@@ -11,10 +11,12 @@ import pytest
 
 from dkernel import (
     DSGClassifier,
+    DSGOneClassSVM,
     DSGRegressor,
     EigenProClassifier,
     EigenProRegressor,
     KernelCCA,
+    KernelPCA,
     open_dataset,
 )
 from dkernel.cli import main
@@ -307,7 +309,9 @@ def test_columns_float32_cannot_resolve_are_warned_about(client):
     lambda c: DSGRegressor(n_features=128, n_epochs=1, batch_size=10**5, preconditioner=None,
                            client=c),
     lambda c: EigenProRegressor(n_epochs=1, batch_size=10**5, client=c),
-    lambda c: EigenProRegressor(n_features=128, n_epochs=1, batch_size=10**5, client=c)])
+    lambda c: EigenProRegressor(n_features=128, n_epochs=1, batch_size=10**5, client=c),
+    lambda c: DSGOneClassSVM(n_features=128, n_epochs=1, batch_size=10**5, client=c),
+    lambda c: KernelPCA(2, n_features=128, n_epochs=1, batch_size=10**5, client=c)])
 def test_a_batch_larger_than_the_data_is_clipped_to_it_and_said(client, make):
     # batch_size=100000 on 2000 rows took steps of 2000 with a step size and a
     # preconditioner sized for 100000 (training R^2 0.07 against 0.98), and

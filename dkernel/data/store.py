@@ -7,8 +7,8 @@ on a failure stops them all before the temporary store is removed;
 from __future__ import annotations
 
 import errno
-import glob
 import os
+import re
 import shutil
 import socket
 import time
@@ -92,9 +92,9 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     os.makedirs(parent, exist_ok=True)
     # unique per call: two writes in one process (threads, a retry after a
     # failure whose tasks were still writing) never share a temporary store
-    # the host and pid name the writer: a later write removes what a killed one left
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{socket.gethostname()}-"
-                               f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    # the writer's host, pid namespace and pid: a later write removes what a killed one left
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{_writer()}-{os.getpid()}-"
+                               f"{uuid.uuid4().hex[:12]}")
     try:
         yield zarr.open_group(tmp, mode="w")
         if overwrite and os.path.exists(path):
@@ -119,18 +119,29 @@ def _remove_dead_writers(parent: str, name: str) -> None:
     """Remove the temporary stores of writes to ``parent/name`` whose process,
     on this host, is gone: a killed ``dkernel predict`` left 12 MB (make-store:
     up to its whole size) that no later write removed."""
-    host = socket.gethostname()
-    for entry in glob.glob(os.path.join(glob.escape(parent),
-                                        f".{glob.escape(name)}.tmp-{glob.escape(host)}-*")):
+    if os.name != "posix":  # (elsewhere os.kill(pid, 0) is no question)
+        return
+    prefix = f".{name}.tmp-{_writer()}-"
+    for entry in os.listdir(parent):
+        match = re.fullmatch(r"(\d+)-[0-9a-f]{12}", entry[len(prefix):])
+        if not entry.startswith(prefix) or match is None:
+            continue  # (another host's, or another pid namespace's: not ours to judge)
         try:
-            pid = int(entry.rsplit("-", 2)[1])
-            os.kill(pid, 0)
-        except ValueError:  # (not one of ours)
-            continue
+            os.kill(int(match.group(1)), 0)
         except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
         except PermissionError:  # alive, another user's
             continue
+
+
+def _writer() -> str:
+    """This process's host and pid namespace, as temporary stores name them:
+    containers that share a host name but not their pids are told apart."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}-{ns}"
 
 
 def _remove_settled(tmp: str, quiet: float = 0.3, limit: float = 10.0) -> None:

@@ -151,6 +151,10 @@ class Checkpointer:
         diff = sorted(k for k in set(old) | set(self.fingerprint)
                       if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED)
                       and not (k == DATA and k not in old))  # (written before it was recorded)
+        if "plan_version" in diff:
+            raise ValueError(
+                f"checkpoint {self.path!r} was written by an older dkernel, whose steps take "
+                "other rows; it cannot be resumed: delete it to start over")
         if diff:
             raise ValueError(
                 f"checkpoint {self.path!r} belongs to a different fit (differs in: "

@@ -354,28 +354,33 @@ class Engine:
         update: after the last epoch the guard judges the fit's end state by it
         (guard.py), which no later step would measure.  ``rows``: at least that
         many rows of the epoch's first group (its first slices).  None where
-        the program reports no loss or a worker was lost (no judgement then)."""
+        the program reports no loss or workers were lost at every retry (no
+        judgement then)."""
         group = plan.groups(epoch)[0]
         slices = {c: plan.row_slice(epoch, c, 0) for c in group}
         if rows:
             for c, sl in slices.items():
                 wide = min(sl.n, max(sl.per_lane, -(-rows // len(group))))
                 slices[c] = replace(sl, per_lane=wide, n_slices=1 if wide >= sl.n else 2)
-        # a fresh key each call: a replayed last epoch probes again, and must
-        # not find the first probe's futures whatever the scheduler still holds
-        probe_id = uuid.uuid4().hex[:8]
-        try:
-            chunks = source.get(group)
-            payload = _ship(self.client, program.payload(state, step))
-            futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
-                                       chunks[c], slices[c],
-                                       source.key(data.X.name, c) if program.wants_chunk
-                                       else None, *extra, run=run, **source.placement(c),
-                                       key=f"{_key_label(program.label)}-probe-{probe_id}-{c}")
-                    for c in group]
-            total = tree_sum(self.client, futs)
-        except CancelledError:
-            return None
+        for attempt in range(_STEP_RETRIES + 1):
+            # a fresh key each call: a replayed last epoch probes again, and must
+            # not find the first probe's futures whatever the scheduler still holds
+            probe_id = uuid.uuid4().hex[:8]
+            try:
+                chunks = source.get(group)
+                payload = _ship(self.client, program.payload(state, step))
+                futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
+                                           chunks[c], slices[c],
+                                           source.key(data.X.name, c) if program.wants_chunk
+                                           else None, *extra, run=run, **source.placement(c),
+                                           key=f"{_key_label(program.label)}-probe-{probe_id}-{c}")
+                        for c in group]
+                total = tree_sum(self.client, futs)
+                break
+            except CancelledError:  # a lost worker held its chunks: as a step, again
+                if attempt == _STEP_RETRIES:
+                    return None
+                source.refresh()
         if "loss" not in total or not total.get("count"):
             return None
         return float(np.sum(total["loss"])) / float(total["count"]), int(total["count"])

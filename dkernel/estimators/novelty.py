@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
+from sklearn.base import OutlierMixin
 
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.pool import PoolEstimator
@@ -35,7 +36,7 @@ def calibrated_offset(f: np.ndarray, offset: float, nu: float) -> tuple[float, b
 
 
 @documented
-class DSGOneClassSVM(PoolEstimator):
+class DSGOneClassSVM(OutlierMixin, PoolEstimator):
     __doc__ = """Unsupervised outlier (novelty) detection: the one-class SVM by doubly
     stochastic functional gradients (Dai et al. 2014, section 4).
 

@@ -30,8 +30,7 @@ class PoolEstimator(BaseEstimator):
         program: PoolProgram = make_program(features, n_blocks, sample)
         data = fit.data
         self.lanes_ = fit.engine.pin_lanes(data)
-        self.batch_size_ = (max(512, 256 * self.lanes_) if self.batch_size == "auto"
-                            else int(self.batch_size))
+        self.batch_size_ = self._given_batch(data.n_rows) or max(512, 256 * self.lanes_)
         share = math.ceil(self.batch_size_ / self.lanes_)  # one lane's rows a local step
         if self.local_steps == "auto":
             # a lane's round: DSG's rows a lane (2^27 feature evaluations), at most

@@ -86,7 +86,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             B = features.block_size
             auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
             if (self.n_passes == self.step_size == "auto" and len(sample) == data.n_rows
-                    and self.n_components <= data.n_rows < _STREAM_ROWS / _MAX_PASSES):
+                    and self.n_components < data.n_rows < _STREAM_ROWS / _MAX_PASSES):
                 # 16 passes would stream too few rows to converge (10 rows: the
                 # second eigenvalue 40x too small); every row is in the sample
                 self._fit_exact(features, n_blocks, sample, center, time.perf_counter() - t0)
@@ -127,8 +127,10 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         lam, U = np.linalg.eigh(Z @ Z.T / len(Z))
         k = int(self.n_components)
         lam, U = np.maximum(lam[::-1][:k], 0.0), U[:, ::-1][:, :k]
-        V = Z.T @ U
-        V /= np.maximum(np.linalg.norm(V, axis=0), 1e-300)
+        # Z^T u / |Z^T u|, orthonormal where lambda > 0; QR keeps a basis where a
+        # lambda is ~0 (n_components at the centred rank: u is noise there)
+        V, R = np.linalg.qr(Z.T @ U)
+        V *= np.where(np.diag(R) < 0, -1.0, 1.0)
         self.n_passes_ = 0
         self._set_fitted(features, n_blocks, V.astype(np.float64), lam, 0.0, mean)
         self.history_ = [{"epoch": 1, "rows": int(len(Z)), "seconds": seconds,

@@ -244,7 +244,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         # covariance lose rank or leave noise in the last components
         floor = min(data.n_rows, 16 * int(self.n_components))
         if self.batch_size != "auto":
-            self.batch_size_ = int(self.batch_size)
+            self.batch_size_ = self._given_batch(data.n_rows)
             if power and self.batch_size_ < floor:
                 raise ValueError(
                     f"batch_size={self.batch_size_} is below 16 rows a component for power "
