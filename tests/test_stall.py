@@ -84,3 +84,41 @@ def test_a_fit_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fast
         with pytest.raises(RuntimeError, match="has had no workers for .* DKERNEL_WORKER_TIMEOUT"):
             stall.wait_running(c, [fut], label="a step")
         assert time.monotonic() - t0 < 10
+
+
+def test_tasks_waiting_on_one_paused_worker_stop_the_fit_when_the_rest_idle(fast_watch):
+    # One of two workers stayed paused with a step's tasks on it, the other
+    # idle, and the fit waited for ever: only every worker paused was caught.
+    # A real `dask worker` whose pause threshold its interpreter alone passes,
+    # and a task only it may run.
+    import os
+    import subprocess
+    import sys
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        env = {**os.environ, "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "0.01",
+               "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False",
+               "DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": "False"}
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--nthreads", "1", "--memory-limit", "1GB", "--no-nanny", "--no-dashboard"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(w.get("status") == "paused" for w in workers_info(c).values()):
+                assert time.monotonic() < deadline, "the worker never paused"
+                time.sleep(0.1)
+            paused = next(a for a, w in workers_info(c).items() if w.get("status") == "paused")
+            fut = c.submit(np.add, 1, 1, workers=[paused], allow_other_workers=False)
+            t0 = time.monotonic()
+            with pytest.warns(RuntimeWarning, match="paused for"), \
+                    pytest.raises(WorkersPaused, match=r"while 1 of 2 workers were paused"):
+                stall.wait_running(c, [fut], label="a step")
+            assert time.monotonic() - t0 < 20  # twice _FAIL_SECONDS (2 s here), not for ever
+            # a task a running worker holds is being worked on: no such stop
+            slow = c.submit(time.sleep, 6, pure=False)
+            stall.wait_running(c, [slow], label="a step")
+        finally:
+            worker.terminate()
+            worker.wait(30)

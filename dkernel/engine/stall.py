@@ -66,7 +66,7 @@ def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit")
         except TimeoutError:
             pass
         pending = [f for f in pending if not f.done()]
-        watch.check(len(pending))
+        watch.check(len(pending), [f.key for f in pending])
 
 
 def result(client: Client, future: Future, label: str = "the fit") -> Any:
@@ -113,16 +113,25 @@ class PauseWatch:
         self.progress_at = time.monotonic()
         #: since when the scheduler has listed no worker (None: it has some)
         self.empty_since: float | None = None
+        #: checks since the last progress, and in how many each worker was paused
+        self.checks = 0
+        self.paused_checks: dict[str, int] = {}
 
-    def check(self, pending: int) -> None:
+    def check(self, pending: int, keys: list | None = None) -> None:
+        """``keys``: those of the awaited tasks still pending, where known (the
+        rule for a cluster only partly paused, :meth:`_check_partly`)."""
         now = time.monotonic()
         if self.pending is None or pending < self.pending:
             self.pending, self.progress_at = pending, now
+            self.checks, self.paused_checks = 0, {}
         workers = _workers(self.client)
         if workers is None:
             return
         self._check_some(workers, pending, now)
         paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+        self.checks += 1
+        for a in paused:
+            self.paused_checks[a] = self.paused_checks.get(a, 0) + 1
         self.paused_since = {a: self.paused_since.get(a, now) for a in paused}
         for a, w in paused.items():
             if a not in self.warned and now - self.paused_since[a] >= _WARN_SECONDS:
@@ -130,6 +139,8 @@ class PauseWatch:
                 warnings.warn(f"{_where(self.label)}: worker {a} has been paused for "
                               f"{now - self.paused_since[a]:.0f} s at {_held(w)}; its tasks wait "
                               f"until its memory falls. {_ADVICE}", RuntimeWarning, stacklevel=3)
+        if keys:
+            self._check_partly(workers, keys, pending, now)
         if not paused or len(paused) < len(workers):
             return
         since = max(self.progress_at, max(self.paused_since.values()))
@@ -139,6 +150,32 @@ class PauseWatch:
                 f"{_where(self.label)} stopped: every worker has been paused by Dask's memory "
                 f"guard for {now - since:.0f} s and none of its {pending} waiting tasks ran "
                 f"({first}: {_held(paused[first])}). {_ADVICE}")
+
+    def _check_partly(self, workers: dict, keys: list, pending: int, now: float) -> None:
+        """Stop when no awaited task has finished for twice ``_FAIL_SECONDS``, a
+        worker was paused in most checks since, and no running worker holds one
+        of them (they wait on the paused one, or its data): one of two workers
+        stayed paused (its interpreter alone near the limit) with the step's
+        tasks queued on it, the other idle, and the fit waited for ever.
+        (Twice: a task already running on a paused worker does finish.)  A
+        worker's pause flickers, hence most checks."""
+        if now - self.progress_at < 2 * _FAIL_SECONDS or not self.paused_checks:
+            return
+        try:
+            processing = self.client.processing()
+        except Exception:  # the scheduler busy or gone: the next check asks again
+            return
+        wanted = set(keys)
+        holders = {w for w, held in processing.items() if wanted.intersection(held)}
+        mostly = {w for w, n in self.paused_checks.items() if 2 * n >= self.checks}
+        if not mostly or holders - mostly:  # (a running worker holds one: it is worked on)
+            return
+        first = min(mostly)
+        raise WorkersPaused(
+            f"{_where(self.label)} stopped: none of its {pending} waiting tasks ran for "
+            f"{now - self.progress_at:.0f} s while {len(mostly)} of {len(workers)} workers were "
+            f"paused by Dask's memory guard ({first}: {_held(workers.get(first, {}))}). "
+            f"{_ADVICE}")
 
     def _check_some(self, workers: dict, pending: int, now: float) -> None:
         """Stop when the cluster has had no worker for ``$DKERNEL_WORKER_TIMEOUT``

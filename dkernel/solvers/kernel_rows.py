@@ -425,7 +425,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                                         return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished in 5 s: are the homes still there?
                 done = set()
-                watch.check(len(pending))
+                watch.check(len(pending), [f.key for f in pending])
             for fut in done:
                 if fut.status in ("error", "cancelled"):
                     fut.result()  # raises the task's error
