@@ -30,7 +30,7 @@ def calibrated_offset(f: np.ndarray, offset: float, nu: float) -> tuple[float, b
     below = float(np.mean(f < offset))
     room = min(nu, 1.0 - nu)
     tolerance = min(max(4.0 * math.sqrt(nu * (1.0 - nu) / f.size), 0.25 * room), 0.5 * room)
-    if abs(below - nu) <= tolerance:
+    if abs(below - nu) < tolerance:
         return float(offset), False
     return float(np.quantile(f, nu)), True
 
