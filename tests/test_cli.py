@@ -445,12 +445,20 @@ def test_json_output_of_fit_and_ingest(labelled, capsys, tmp_path):
 
 
 def test_outputs_in_object_stores_are_not_replaced_without_overwrite(labelled, capsys):
+    from distributed import LocalCluster
+
     url = "memory://dkernel-test/pred.zarr"
-    assert main(["predict", labelled["model"], labelled["train"], "--out", url, "--quiet"]) == 0
+    # worker processes have memory:// file systems of their own: their chunks
+    # were lost while the command said it wrote them
     _fails(capsys, ["predict", labelled["model"], labelled["train"], "--out", url],
-           "already exists; pass --overwrite")
-    assert main(["predict", labelled["model"], labelled["train"], "--out", url, "--overwrite",
-                 "--quiet"]) == 0
+           "lives in the process that wrote it")
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as threads:
+        on = ["--scheduler", threads.scheduler_address, "--quiet"]
+        assert main(["predict", labelled["model"], labelled["train"], "--out", url, *on]) == 0
+        _fails(capsys, ["predict", labelled["model"], labelled["train"], "--out", url],
+               "already exists; pass --overwrite")
+        assert main(["predict", labelled["model"], labelled["train"], "--out", url,
+                     "--overwrite", *on]) == 0
     with pytest.raises(FileExistsError, match="already exists"):
         write_store(url, np.zeros((4, 2), np.float32))
 

@@ -52,6 +52,22 @@ def test_memory_url_store_round_trip():
     assert data.y is None and data.row_chunks == (16, 16, 8)
 
 
+def test_a_memory_url_store_read_by_worker_processes_is_refused(client):
+    # each worker process has a memory:// file system of its own: a fit read
+    # zeros there, trained on them and scored 1.0
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3)).astype(np.float32)
+    write_store("memory://dkernel-test/procs.zarr", X, X[:, 0].copy(), chunk_rows=50,
+                overwrite=True)
+    with pytest.raises(FileNotFoundError, match="lives in the process that wrote it"):
+        DSGRegressor(n_features=64, n_epochs=1, bandwidth=1.0,
+                     client=client).fit("memory://dkernel-test/procs.zarr")
+    with pytest.raises(FileNotFoundError, match="lives in the process that wrote it"):
+        open_dataset("memory://dkernel-test/procs.zarr").X.sum().compute()
+
+
 def test_column_chunked_dask_input_is_rechunked_to_whole_rows():
     X = da.ones((100, 10), chunks=(25, 5))
     data = open_dataset(X)
@@ -113,3 +129,17 @@ def test_a_stores_y_chunked_otherwise_is_aligned_and_lazy_inputs_are_named(tmp_p
         open_dataset(X, ddf["a"].to_dask_array())
     with pytest.raises(TypeError, match="y is a path"):
         open_dataset(str(tmp_path / "s.zarr"), "y.zarr")
+
+
+def test_stale_consolidated_metadata_does_not_hide_rows(tmp_path):
+    # rows appended after consolidate_metadata: the consolidated copy said 50
+    # rows of 100, and fit, predict and info used half the data
+    path = str(tmp_path / "c.zarr")
+    X = np.arange(150, dtype=np.float64).reshape(50, 3)
+    g = zarr.open_group(path, mode="w", zarr_format=2)
+    g.create_array("X", data=X, chunks=(10, 3))
+    zarr.consolidate_metadata(path)
+    arr = zarr.open_array(f"{path}/X", mode="a")
+    arr.resize((100, 3))
+    arr[50:] = X
+    assert open_dataset(path).n_rows == 100

@@ -378,10 +378,18 @@ def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(
         cross_val_score(DSGRegressor(n_features=64, n_epochs=1, client=client), X, y, cv=2,
                         n_jobs=2, error_score="raise")
     assert "n_jobs=1" in str(info.value) + str(info.value.__cause__)
-    # copies in this process (clone, copy.copy) keep sharing the client
+    # copies in this process (clone, copy.copy, copy.deepcopy) keep sharing the client
     import copy
 
     assert copy.copy(DSGRegressor(client=client)).client is client
+    fitted = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
+    deep = copy.deepcopy(fitted)
+    assert deep.client is client and deep.coef_ is not fitted.coef_
+    # a fitted model predicts without a client: it travels without it
+    # (joblib.dump, permutation_importance(n_jobs=2) raised before)
+    back = pickle.loads(pickle.dumps(fitted))
+    assert back.client is None and fitted.client is client
+    np.testing.assert_array_equal(back.predict(X), fitted.predict(X))
 
 
 def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path,

@@ -332,3 +332,14 @@ def test_csv_blocks_shrink_to_fit_small_workers():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit=0,
                       dashboard_address=None) as cluster, Client(cluster) as c:
         assert _fitting_block(c, 64 * 2**20) == 64 * 2**20  # no limit: as asked
+
+
+def test_a_header_with_spaces_names_the_same_columns_in_both_readers(client, tmp_path):
+    # "a, b, label": the serial reader found 'label', the parallel one only ' label'
+    path = tmp_path / "s.csv"
+    path.write_text("a, b, label\n" + "".join(f"{i}.5, {2 * i}, {i % 2}\n" for i in range(40)))
+    out = ingest_csv_parallel(path, tmp_path / "p.zarr", target="label", client=client)
+    serial = ingest_csv(path, tmp_path / "q.zarr", target="label")
+    gp, gs = zarr.open_group(out, mode="r"), zarr.open_group(serial, mode="r")
+    np.testing.assert_array_equal(gp["X"][:], gs["X"][:])
+    np.testing.assert_array_equal(gp["y"][:], gs["y"][:])

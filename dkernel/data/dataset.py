@@ -11,7 +11,12 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from dkernel.data.validate import check_finite_chunk, check_numeric_dtype
+from dkernel.data.validate import (
+    check_finite_chunk,
+    check_memory_visible,
+    check_numeric_dtype,
+    memory_root,
+)
 from dkernel.files import require_protocol
 
 # Default row-chunk size for in-memory input: ~32 MB per chunk keeps tasks
@@ -76,8 +81,12 @@ def _open_zarr_group(url: str, storage_options: dict | None):
         # Workers read the chunks themselves, from their own working directory.
         url = os.path.abspath(url)
     require_protocol(url)
+    # the arrays' own metadata, not a consolidated copy: one that went stale
+    # (rows appended after consolidate_metadata) hid half the rows (zarr 2 reads
+    # its own unless told otherwise)
+    own = {"use_consolidated": False} if int(zarr.__version__.split(".")[0]) >= 3 else {}
     try:
-        return zarr.open_group(url, mode="r", storage_options=storage_options)
+        return zarr.open_group(url, mode="r", storage_options=storage_options, **own)
     except Exception as exc:  # zarr raises several types for "not a group here"
         raise FileNotFoundError(
             f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
@@ -161,6 +170,9 @@ def _visible_on_workers(arr: da.Array, url: str) -> da.Array:
     """Guard the chunk reads of a local store: zarr reads a chunk it cannot find
     as fill values, so a worker without the store (no shared file system)
     would silently train on zeros."""
+    if url.startswith("memory://"):
+        return arr.map_blocks(check_memory_visible, "/" + url[len("memory://"):].lstrip("/"),
+                              dtype=arr.dtype)
     if "://" in url and not url.startswith("file://"):
         return arr
     root = os.path.abspath(url.removeprefix("file://"))
@@ -175,6 +187,9 @@ def read_store_rows(store: StoreArrays, start: int, stop: int,
     workers and 2 cores that client time came out of the workers' share."""
     if store.root is not None:
         _check_store_visible(None, store.root)
+    memory = memory_root(store.X.store)
+    if memory is not None:
+        check_memory_visible(None, memory)
     X = np.asarray(store.X[start:stop])
     y = None if store.y is None else np.asarray(store.y[start:stop])
     if rows is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.validate import check_positive
+from dkernel.data.validate import check_memory_visible, check_positive, memory_root
 from dkernel.files import url_fs
 
 DEFAULT_CHUNK_ROWS = 8192
@@ -257,6 +257,10 @@ def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
     wrote its output.  The temporary store's metadata, written here, must be
     visible on every worker."""
     store = group.store
+    memory = memory_root(store)
+    if memory is not None:  # memory://: one namespace per process
+        client.run(check_memory_visible, None, memory)
+        return
     if type(store).__name__ not in ("LocalStore", "DirectoryStore"):  # zarr 3 / zarr 2
         return  # an object store: one namespace for every process
     root = str(getattr(store, "root", None) or store.path)

@@ -61,3 +61,26 @@ def check_positive(name: str, value: Any, *, integer: bool = False,
     if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def memory_root(store: Any) -> str | None:
+    """The path of a zarr store on fsspec's ``memory://`` file system, else None.
+    Such a store lives in the process that wrote it: a worker process that
+    reads it finds nothing and zarr returns fill values (a fit on
+    ``memory://`` rows over a process cluster trained on zeros, and scored 1.0)."""
+    fs = getattr(store, "fs", None)
+    protocol = getattr(fs, "protocol", ())
+    protocol = protocol if isinstance(protocol, tuple) else (protocol,)
+    return str(store.path) if "memory" in protocol else None
+
+
+def check_memory_visible(block: Any, root: str) -> Any:
+    """Raise unless this process's ``memory://`` file system holds ``root``."""
+    import fsspec
+
+    if not fsspec.filesystem("memory").exists(root):
+        raise FileNotFoundError(
+            f"the store memory://{root.lstrip('/')} lives in the process that wrote it, and this "
+            "worker runs in another: use a file path or s3://, or a cluster of threads "
+            "(Client(processes=False))")
+    return block

@@ -79,16 +79,34 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         new.__dict__.update(self.__dict__)
         return new
 
+    def __deepcopy__(self, memo: dict) -> BaseEstimator:
+        # everything copied but the client, which is shared (a Client holds
+        # sockets and asyncio tasks: deepcopy of a Pipeline holding one failed)
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update({k: v if k == "client" else copy.deepcopy(v, memo)
+                             for k, v in self.__dict__.items()})
+        return new
+
     def __getstate__(self) -> dict:
         # A Client (sockets, an event loop) cannot travel to another process; the
         # usual way one gets asked to is n_jobs > 1 in scikit-learn's model
         # selection, where distributed's PicklingError named neither cause nor fix.
+        # A fitted model needs no client to predict in memory, so it travels
+        # without it (joblib.dump, permutation_importance(n_jobs=2)); an
+        # unfitted one would fit on some other cluster there, so it is refused.
+        if getattr(self, "client", None) is not None and self._fitted():
+            return {**super().__getstate__(), "client": None}
         if getattr(self, "client", None) is not None:
             raise TypeError(
                 f"{type(self).__name__}(client=...) cannot be pickled: its Client is a live "
                 "connection.  Run cross-validation / GridSearchCV with n_jobs=1 (the Dask "
                 "cluster already runs each fit in parallel), and save models with .save()")
         return super().__getstate__()
+
+    def _fitted(self) -> bool:
+        """Has fitted attributes (scikit-learn's test: a name ending in _)."""
+        return any(k.endswith("_") and not k.startswith("__") for k in vars(self))
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()

@@ -275,7 +275,8 @@ def _fitting_block(client: Any, blocksize: int) -> int:
 
 def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtype: Any,
                   chunk_rows: int | None, overwrite: bool, client: Any) -> str:
-    columns = [str(c) for c in ddf.columns]
+    # names as the serial reader takes them ("a, b, label": 'label', not ' label')
+    columns = [str(c).strip() for c in ddf.columns]
     ddf.columns = columns
     t, x_cols, attrs = table_columns(columns, target, path, "csv")
     for c in columns:
