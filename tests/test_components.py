@@ -746,3 +746,12 @@ def test_exact_steps_record_their_objective_and_the_model_plots(client, tmp_path
     assert ksvd.steps_ == "exact" and ksvd.history_[0]["covariance"] > 0
     plot_model(ksvd, tmp_path / "ksvd.png")
     assert (tmp_path / "kpca.png").stat().st_size > 0 and (tmp_path / "ksvd.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("cls", [KernelSVD, KernelCCA])
+def test_two_view_models_name_their_scores_as_scikit_learns_cca(client, cls):
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    m = cls(2, n_features=128, n_epochs=1, client=client).fit(X, X[:, :2] + 0.1)
+    names = m.get_feature_names_out()
+    assert list(names) == [f"{cls.__name__.lower()}{i}" for i in range(2)]
+    assert len(names) == np.asarray(m.transform(X)).shape[1]

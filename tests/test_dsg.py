@@ -392,6 +392,24 @@ def test_an_estimator_holding_a_client_says_why_it_cannot_go_to_another_process(
     np.testing.assert_array_equal(back.predict(X), fitted.predict(X))
 
 
+def test_n_jobs_2_without_a_client_fits_on_threads_in_each_joblib_worker(client):
+    # loky's worker processes cannot start Dask worker processes: every fold
+    # failed with "Nanny failed to start worker process"
+    from distributed import Client, LocalCluster
+    from sklearn.model_selection import cross_val_score
+
+    X, y = make_dai_ridge(400, 3)
+    est = DSGRegressor(n_features=64, n_epochs=1, lanes=1, random_state=0)
+    scores = cross_val_score(est, X, y, cv=2, n_jobs=2, error_score="raise")
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as one, \
+            Client(one) as c:
+        alone = cross_val_score(est.set_params(client=c), X, y, cv=2)
+    np.testing.assert_allclose(scores, alone, rtol=1e-5)
+    c.close()
+    with pytest.raises(ValueError, match="is closed; pass a running Client"):
+        DSGRegressor(n_features=64, client=c).fit(X, y)
+
+
 def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path,
                                                                     resume_mid_fit):
     """local_steps=k: each lane takes k preconditioned steps on its own rows

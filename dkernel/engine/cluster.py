@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,6 +152,9 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     from dkernel.engine.versions import check_workers
 
     if client is not None:
+        if getattr(client, "status", "running") in ("closing", "closed"):
+            raise ValueError(f"client={client!r} is closed; pass a running Client (or none, "
+                             "for a local cluster)")
         require_workers(client)
         check_workers(client, upload=upload_package)
         # as the default inside: distributed.wait() asks for the default client, which
@@ -192,9 +196,20 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     # Worker-side failures (bad input found on a worker) reach the caller as
     # exceptions; the workers' own log lines would only repeat them.  Its
     # workers run this interpreter's dkernel: nothing to check or upload.
-    cluster = local_cluster(n_workers=n_workers or os.cpu_count() or 1,
-                            silence_logs=logging.CRITICAL)
-    c = Client(cluster)
+    with _STARTING:  # (two threads' clusters at once: "distributed.dashboard has no
+        # attribute 'scheduler'", a GridSearchCV fold lost on the threading backend)
+        if _in_worker_process():
+            # a joblib/loky worker (cross_val_score(n_jobs=2)) cannot start worker
+            # processes ("Nanny failed to start"): threads in this process instead
+            _log.warning("dkernel: no client given inside a worker process (n_jobs > 1?); "
+                         "fitting on a cluster of threads in it")
+            cluster = LocalCluster(n_workers=1, threads_per_worker=n_workers or 1,
+                                   processes=False, dashboard_address=None,
+                                   silence_logs=logging.CRITICAL)
+        else:
+            cluster = local_cluster(n_workers=n_workers or os.cpu_count() or 1,
+                                    silence_logs=logging.CRITICAL)
+        c = Client(cluster)
     try:
         # spawn also for the workers a nanny restarts while the cluster lives
         with dask.config.set({_START_METHOD: "spawn"}):
@@ -232,6 +247,18 @@ _START_METHOD = "distributed.worker.multiprocessing-method"
 #: coordinator alone handles it (one line, then it closes the cluster), so the
 #: workers ignore it instead of each printing a KeyboardInterrupt traceback.
 WORKER_PRELOAD = "dkernel.engine._ignore_sigint"
+
+
+#: One LocalCluster starts at a time in this process (:func:`connect`).
+_STARTING = threading.Lock()
+
+
+def _in_worker_process() -> bool:
+    """A daemonic or loky worker process, which cannot start processes of its own."""
+    import multiprocessing
+
+    return (multiprocessing.current_process().daemon
+            or multiprocessing.get_start_method(allow_none=True) == "loky")
 
 
 def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:

@@ -56,7 +56,13 @@ class DSGDensityRatio(PoolEstimator):
         self._store_params(locals())
 
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:
-        """Fit log p/q from a sample of p (numerator) and a sample of q (denominator)."""
+        """Fit log p/q from a sample of p (numerator) and a sample of q (denominator).
+
+        Not a step of a scikit-learn ``Pipeline``: a Pipeline transforms its
+        ``X`` only and hands ``X_denominator`` on as ``y``, untouched (with a
+        ``StandardScaler`` before it, two samples of one distribution gave a
+        mean log-ratio of 3.45 instead of 0).  Transform both samples alike first.
+        """
         fit = FitContext(self, X_numerator, target="none")
         if hasattr(self, "n_features_in_"):  # in-memory numerator: the same columns, by name too
             path = isinstance(X_denominator, (str, os.PathLike))

@@ -12,7 +12,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from scipy.linalg import eigh
-from sklearn.base import TransformerMixin
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_array
 
 from dkernel.data.dataset import open_dataset
@@ -306,10 +306,15 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         set_history(self, meta)
 
 
-class _TwoViewBase(_ComponentsBase):
+class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     _method = ""
     #: where the fit keeps the k values of the rotated pairs (saved as "values")
     _values_attr = ""
+
+    @property
+    def _n_features_out(self) -> int:
+        """The X view's scores (``transform(X)``), as scikit-learn's CCA names them."""
+        return self.x_components_.shape[1]
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 import warnings
 from typing import Any
 
@@ -100,7 +101,10 @@ class KernelRoute(Route):
         keys = [kernel_rows_key((data.X.name, c), token, mode) for c in range(data.n_chunks)]
         try:
             symmetric_fill(fit.client, chunks, homes, list(data.row_chunks), keys,
-                           self.est.kernel, bandwidth, mode, owner=f"fill-{token}",
+                           # one fill's own private keys: two fits of the same rows at
+                           # once took each other's half-filled blocks ("FillLost")
+                           self.est.kernel, bandwidth, mode,
+                           owner=f"fill-{token}-{uuid.uuid4().hex[:8]}",
                            progress=fit.engine.options.progress)
         except FillLost as exc:  # the steps fill per chunk instead (they survive worker loss)
             warnings.warn(f"{exc}; the kernel rows are filled per chunk during epoch 1",
