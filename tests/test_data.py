@@ -143,3 +143,26 @@ def test_stale_consolidated_metadata_does_not_hide_rows(tmp_path):
     arr.resize((100, 3))
     arr[50:] = X
     assert open_dataset(path).n_rows == 100
+
+
+def test_write_store_checks_what_it_writes(tmp_path):
+    # lists and DataFrames were tracebacks; y of other rows, a 1-D X, text y and
+    # chunk_rows=0 were written into stores every later command refused
+    import pandas as pd
+    import scipy.sparse
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    y = (X[:, 0] > 0).astype(int)
+    for i, (Xa, ya) in enumerate([(X.tolist(), y.tolist()), (pd.DataFrame(X), pd.Series(y))]):
+        data = open_dataset(write_store(tmp_path / f"ok{i}.zarr", Xa, ya))
+        np.testing.assert_array_equal(data.X.compute(), X)
+    for Xa, ya, kw, error, match in [
+            (scipy.sparse.csr_matrix(X), y, {}, TypeError, "toarray"),
+            (X, y[:-3], {}, ValueError, "y has shape \\(47,\\) but X has 50 rows"),
+            (X[:, 0], y, {}, ValueError, "X must be 2-D"),
+            (X[:0], y[:0], {}, ValueError, "X must be 2-D"),
+            (X, y.astype(str), {}, TypeError, "y holds text"),
+            (X, y, {"chunk_rows": 0}, ValueError, "chunk_rows must be > 0")]:
+        with pytest.raises(error, match=match):
+            write_store(tmp_path / "bad.zarr", Xa, ya, **kw)
+        assert not (tmp_path / "bad.zarr").exists()

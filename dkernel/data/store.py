@@ -20,7 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.data.validate import check_memory_visible, check_positive, memory_root
+from dkernel.data.validate import (
+    check_memory_visible,
+    check_numeric_dtype,
+    check_positive,
+    memory_root,
+)
 from dkernel.files import url_fs
 
 DEFAULT_CHUNK_ROWS = 8192
@@ -230,9 +235,32 @@ def create_array(group: Any, name: str, shape: tuple, dtype: Any, chunk_rows: in
 def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS, overwrite: bool = False,
                 attrs: dict | None = None) -> str:
-    """Write X (and y) -- NumPy or dask -- as a dataset store; returns the path."""
+    """Write X (and y) -- NumPy or dask -- as a dataset store; returns the path.
+
+    Checked first, as a fit would check them: a store every later command
+    refuses (y of other rows, a 1-D X, text) was written without a word."""
     import dask.array as da
 
+    check_positive("chunk_rows", chunk_rows, integer=True)
+    if any(hasattr(a, "tocsr") for a in (X, y)):  # scipy.sparse
+        raise TypeError("write_store takes dense rows: convert a sparse matrix with .toarray() "
+                        "(in chunks of rows if it is large)")
+    # lists and DataFrames as arrays; NumPy, dask and zarr arrays as they are
+    X, y = (a if a is None or isinstance(a, da.Array)
+            or (hasattr(a, "__array__") and hasattr(a, "dtype") and not hasattr(a, "columns"))
+            else np.asarray(a) for a in (X, y))
+    if getattr(X, "ndim", 0) != 2 or 0 in X.shape:
+        raise ValueError(f"X must be 2-D (rows, columns) with at least one of each, got shape "
+                         f"{getattr(X, 'shape', None)}")
+    check_numeric_dtype(np.dtype(X.dtype), "X")
+    if y is not None:
+        if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
+            raise ValueError(f"y has shape {y.shape} but X has {X.shape[0]} rows; y must hold "
+                             "one row (or value) per row of X")
+        if np.dtype(y.dtype).kind in "USO":
+            raise TypeError("y holds text; a store keeps numbers: encode the labels first "
+                            "(e.g. numpy.unique(y, return_inverse=True))")
+        check_numeric_dtype(np.dtype(y.dtype), "y")
     with atomic_store(path, overwrite) as group:
         for name, a in (("X", X), ("y", y)):
             if a is None:
