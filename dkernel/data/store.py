@@ -245,7 +245,8 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
     if any(hasattr(a, "tocsr") for a in (X, y)):  # scipy.sparse
         raise TypeError("write_store takes dense rows: convert a sparse matrix with .toarray() "
                         "(in chunks of rows if it is large)")
-    # lists and DataFrames as arrays; NumPy, dask and zarr arrays as they are
+    # lists and pandas objects as arrays; NumPy, dask and zarr arrays as they are
+    X, y = (a.to_numpy() if hasattr(a, "iloc") else a for a in (X, y))
     X, y = (a if a is None or isinstance(a, da.Array)
             or (hasattr(a, "__array__") and hasattr(a, "dtype") and not hasattr(a, "columns"))
             else np.asarray(a) for a in (X, y))

@@ -209,10 +209,12 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         else:
             cluster = local_cluster(n_workers=n_workers or os.cpu_count() or 1,
                                     silence_logs=logging.CRITICAL)
-        c = Client(cluster)
+        # not the process's default: another thread's fit would take it as its
+        # own (get_client above) and lose it when this fit closes it
+        c = Client(cluster, set_as_default=False)
     try:
         # spawn also for the workers a nanny restarts while the cluster lives
-        with dask.config.set({_START_METHOD: "spawn"}):
+        with dask.config.set({_START_METHOD: "spawn"}), c.as_current():
             yield c
     finally:
         c.close()

@@ -153,8 +153,8 @@ class PauseWatch:
 
     def _check_partly(self, workers: dict, keys: list, pending: int, now: float) -> None:
         """Stop when no awaited task has finished for twice ``_FAIL_SECONDS``, a
-        worker was paused in most checks since, and no running worker holds one
-        of them (they wait on the paused one, or its data): one of two workers
+        worker was paused in most checks since, every other worker is idle and
+        the paused ones run nothing (the tasks wait on them, or on their data): one of two workers
         stayed paused (its interpreter alone near the limit) with the step's
         tasks queued on it, the other idle, and the fit waited for ever.
         (Twice: a task already running on a paused worker does finish.)  A
@@ -165,10 +165,15 @@ class PauseWatch:
             processing = self.client.processing()
         except Exception:  # the scheduler busy or gone: the next check asks again
             return
-        wanted = set(keys)
-        holders = {w for w, held in processing.items() if wanted.intersection(held)}
         mostly = {w for w, n in self.paused_checks.items() if 2 * n >= self.checks}
-        if not mostly or holders - mostly:  # (a running worker holds one: it is worked on)
+        if not mostly or any(held for w, held in processing.items() if w not in mostly):
+            return  # another worker is busy: the awaited tasks may wait on its work
+        holders = [w for w in mostly if processing.get(w)]
+        try:  # a paused worker still runs what it started: a long task finishes
+            running = self.client.run(_executing, workers=holders) if holders else {}
+        except Exception:
+            return
+        if any(running.values()):
             return
         first = min(mostly)
         raise WorkersPaused(
@@ -194,6 +199,11 @@ class PauseWatch:
                 f"{_where(self.label)} stopped: the cluster has had no workers for {waited:.0f} s "
                 f"(they were lost) and {pending} of its tasks wait; start workers, or set "
                 "DKERNEL_WORKER_TIMEOUT to wait longer")
+
+
+def _executing(dask_worker: Any) -> int:
+    """Tasks a worker is running now (``client.run``)."""
+    return int(dask_worker.state.executing_count)
 
 
 _ADVICE = ("Dask pauses a worker above 80% of its memory limit "
