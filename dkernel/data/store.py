@@ -277,6 +277,15 @@ def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
     return os.fspath(path)
 
 
+def _write_rows(*blocks: np.ndarray, targets: list, block_info: dict | None = None
+                ) -> np.ndarray:
+    """Write one chunk of rows of every array into its target (write_arrays)."""
+    a, b = block_info[0]["array-location"][0]
+    for block, target in zip(blocks, targets):
+        target[a:b] = block.reshape((b - a,) + tuple(target.shape[1:]))
+    return np.ones((1, 1), np.int64)
+
+
 def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
     """Refuse to let workers write a local store they do not see.  zarr writes
     a chunk under whatever the path means on the worker: without a shared
@@ -330,14 +339,13 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                 sources.append(a.rechunk(targets[-1].chunks))
         if each is None:
             run_writes(client, da.store(sources, targets, lock=False, compute=False))
-        else:  # one collection a chunk of rows, so each one's end is seen
-            offsets = np.cumsum((0,) + sources[0].chunks[0])
-            run_writes(client, tuple(
-                da.store([s.blocks[i] for s in sources], targets, lock=False, compute=False,
-                         regions=[(slice(int(a), int(b)),) + (slice(None),) * (s.ndim - 1)
-                                  for s in sources])
-                for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))),
-                each=lambda _: each())
+        else:  # one graph, one small result a chunk of rows, so each one's end is seen
+            # (a collection a chunk built 5000 graphs: twice the client time)
+            done = da.map_blocks(_write_rows, *[s if s.ndim == 2 else s[:, None] for s in sources],
+                                 targets=targets, dtype=np.int64, chunks=(1, 1),
+                                 meta=np.empty((0, 0), np.int64))
+            futures = client.futures_of(client.persist(done))
+            run_writes(client, futures, each=lambda _: each())
         group.attrs.update(attrs or {})
     return os.fspath(path)
 

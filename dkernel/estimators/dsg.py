@@ -15,7 +15,6 @@ from sklearn.utils.metaestimators import available_if
 
 from dkernel.data.dataset import Dataset
 from dkernel.engine import Engine
-from dkernel.engine.stall import result
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
@@ -388,17 +387,10 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
         the mean in 5 epochs; 0.155, 0.552 and 0.803 of y below the 0.05, 0.5
         and 0.95 fits with it).  Starting the pinball loss at y's quantile
         instead was worse at 0.05."""
-        enc = super()._encoding(data, client)
-        self._target_spread = 1.0
-        if self._loss in _BOUNDED_GRADIENT:
-            y = (np.asarray(data.host[1], dtype=np.float64) if data.host is not None
-                 else data.y.astype(np.float64))
-            std = y.reshape(data.n_rows, -1).std(axis=0)
-            if data.host is None:
-                std = result(client, client.compute(std), "y's spread")
-            # one step for every output: the smallest column's spread, as a
-            # larger one took y = [1e3 sin x0, sin x1]'s second column to R^2 -400
-            self._target_spread = float(np.min(std))
+        enc, std = self._moments(data, client, spread=self._loss in _BOUNDED_GRADIENT)
+        # one step for every output: the smallest column's spread, as a larger
+        # one took y = [1e3 sin x0, sin x1]'s second column to R^2 -400
+        self._target_spread = 1.0 if std is None else float(np.min(std))
         return enc
 
     def predict(self, X: Any, return_std: bool = False) -> Any:

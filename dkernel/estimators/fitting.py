@@ -80,9 +80,9 @@ class FitContext:
         self.val: Dataset | None = None
         self._stack = ExitStack()
         self._precision_checked = False  # (warn_if_float32_loses: once a fit)
-        #: given bandwidth -> its fraction of the sample's median heuristic, where
-        #: under _NARROW (feature_map warns: random features alias there)
-        self._narrow: dict[float, tuple[float, float]] = {}
+        #: a given bandwidth -> (its sample, kernel): feature_map compares it with
+        #: the sample's median heuristic (only feature routes pay for that)
+        self._given: dict[float, tuple[np.ndarray, str]] = {}
 
     def __enter__(self) -> FitContext:
         self.client = self._stack.enter_context(connect(self.est.client))
@@ -133,12 +133,7 @@ class FitContext:
         given, kernel = est.bandwidth if bandwidth is None else bandwidth, kernel or est.kernel
         value = resolve_bandwidth(given, kernel, sample)
         if not isinstance(given, str) and sample is not None and len(sample) > 1:
-            try:
-                median = median_heuristic(sample, kernel)
-            except ValueError:  # (identical rows: no scale to compare with)
-                return value
-            if value < _NARROW * median:
-                self._narrow[value] = (value / median, median)
+            self._given[value] = (sample, kernel)
         return value
 
     def feature_map(self, bandwidth: float, n_inputs: int | None = None, *, kernel: str = "",
@@ -147,8 +142,13 @@ class FitContext:
         blocks of ``block_size`` (at most n_features; the pool is rounded up to
         whole blocks)."""
         est = self.est
-        if float(bandwidth) in self._narrow:
-            ratio, median = self._narrow.pop(float(bandwidth))
+        sample, given_kernel = self._given.pop(float(bandwidth), (None, ""))
+        try:
+            median = None if sample is None else median_heuristic(sample, given_kernel)
+        except ValueError:  # (identical rows: no scale to compare with)
+            median = None
+        if median is not None and bandwidth < _NARROW * median:
+            ratio = bandwidth / median
             warnings.warn(
                 f"bandwidth={bandwidth:.4g} is {ratio:.2g}x the median heuristic of the rows "
                 f"({median:.4g}): random features alias at that width and predict noise off "

@@ -66,11 +66,20 @@ class RegressorOutputs(Supervised):
         return tags
 
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
-        mean = (data.host[1].mean(axis=0) if data.host is not None
-                else result(client, client.compute(data.y.astype(np.float64).mean(axis=0)),
-                         "y's mean"))
-        return TargetEncoding("regression",
-                              offset=tuple(np.atleast_1d(mean).astype(float).tolist()))
+        return self._moments(data, client)[0]
+
+    @staticmethod
+    def _moments(data: Dataset, client: Any, spread: bool = False
+                 ) -> tuple[TargetEncoding, np.ndarray | None]:
+        """(the encoding: mean(y) as the offset, and with ``spread`` y's standard
+        deviation per column), from one pass over y."""
+        y = data.host[1] if data.host is not None else data.y.astype(np.float64)
+        y = y.reshape(data.n_rows, -1) if spread else y
+        stats = [y.mean(axis=0)] + ([y.std(axis=0)] if spread else [])
+        if data.host is None:
+            stats = [result(client, f, "y's mean") for f in client.compute(stats)]
+        offset = tuple(np.atleast_1d(stats[0]).astype(float).tolist())
+        return TargetEncoding("regression", offset=offset), (stats[1] if spread else None)
 
     def _mean(self, X: Any) -> Any:
         """f(X) + mean(y) of validated X, in float64 (f is float32, like the
