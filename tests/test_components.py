@@ -698,7 +698,7 @@ def test_cli_fit_kcca_and_transform_both_views(client, tmp_path, capsys):
     assert result["sum_correlations"] == pytest.approx(sum(result["correlations"]))
 
 
-def test_bad_component_input_fails_before_any_work_naming_it():
+def test_bad_component_input_fails_before_any_work_naming_it(tmp_path):
     X, Y = _two_views(300, 6)
     with pytest.raises(ValueError, match="n_components=8 exceeds n_features=4"):
         KernelPCA(8, n_features=4).fit(X)
@@ -722,6 +722,11 @@ def test_bad_component_input_fails_before_any_work_naming_it():
         KernelCCA(2).fit(X, Y[:299])
     with pytest.raises(ValueError, match="needs a second view"):
         KernelCCA(2).fit(X)
+    # a labelled store's y is a label column, not a view: refused before any cluster starts
+    labelled = write_store(tmp_path / "labelled.zarr", X, (X[:, 0] > 0).astype(np.int64))
+    for est in (KernelCCA(2), KernelSVD(2)):
+        with pytest.raises(ValueError, match="1-D: a label column, not a view"):
+            est.fit(labelled)
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):

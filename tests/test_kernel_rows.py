@@ -150,3 +150,26 @@ def test_a_fill_that_fails_leaves_no_rows_behind(client):
     assert client.run(_entries_now) == before
     for c in range(data.n_chunks):
         assert client.submit(_peek, keys[c], workers=[homes[c]], pure=False).result() is None
+    # rows another fit published under the same keys are left alone: it is using them
+    client.gather([client.submit(_put, keys[c], workers=[homes[c]], pure=False)
+                   for c in range(data.n_chunks)])
+    with pytest.raises(ValueError, match="kernel"):
+        kr.symmetric_fill(client, chunks, homes, list(data.row_chunks), keys, "no-such-kernel",
+                          0.7, "fixed16", owner="failing-again")
+    for c in range(data.n_chunks):
+        kept = client.submit(_peek, keys[c], workers=[homes[c]], pure=False).result()
+        assert kept is not None and kept[0] == 7
+    client.gather([client.submit(_drop, keys[c], workers=[homes[c]], pure=False)
+                   for c in range(data.n_chunks)])
+
+
+def _put(key):
+    from dkernel.engine import cache
+
+    return cache.lookup_or_fill(key, lambda: np.full(4, 7.0), 32, owner="other-fit") is not None
+
+
+def _drop(key):
+    from dkernel.engine import cache
+
+    return cache.discard(key)

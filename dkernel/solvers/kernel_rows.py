@@ -384,9 +384,14 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     ok = client.gather([client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner,
                                       pure=False, **place[c]) for c in range(n)])
 
+    publishing = False
+
     def drop() -> None:
-        wait_on(client, [client.submit(_discard, [k for c in range(n) if homes[c] == h
-                                                  for k in (keys[c], final[c])],
+        # the real keys only once this fill publishes: before that, rows under them
+        # are another fit's (of the same rows and kernel), complete and in use
+        mine = (keys, final) if publishing else (keys,)
+        wait_on(client, [client.submit(_discard, [k[c] for c in range(n) if homes[c] == h
+                                                  for k in mine],
                                        pure=False, **_pinned(h))
                          for h in {h for h in homes if h} & alive()], timeout=120)
 
@@ -438,6 +443,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         by_home: dict = {}
         for c in range(n):
             by_home.setdefault(homes[c], []).append((keys[c], final[c]))
+        publishing = True
         published = client.gather([client.submit(_publish, todo, pure=False, **_pinned(h))
                                    for h, todo in by_home.items()])
         if not all(published):
