@@ -94,9 +94,14 @@ def test_regression_evaluate_reports_mse(client, tmp_path, capsys):
     model = str(tmp_path / "r.npz")
     assert main(["fit", store, "--task", "regression", "--bandwidth", "1", "--features", "512",
                  "--epochs", "3", "--out", model, "--quiet"]) == 0
+    capsys.readouterr()
     assert main(["evaluate", model, store, "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
     assert set(result) == {"mse", "r2"} and result["r2"] > 0.5
+    # pooled a chunk at a time (Chan et al.): the model's own score, and a line per chunk
+    assert result["r2"] == pytest.approx(load_model(model).score(X, y), rel=1e-9)
+    assert "evaluate: 3/3 chunks" in err
 
 
 def test_evaluate_predicts_each_row_once(client, monkeypatch):

@@ -90,32 +90,40 @@ def check_labels(model: Any, y: Any) -> None:
                          "--task regression)")
 
 
-def metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
-    import dask.array as da
+def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any]:
+    """The model's metrics on dask X and y, predicting each row once; ``progress``
+    (on the current client): a line counting the chunks as they finish."""
+    from dkernel.engine.progress import chunkwise
+    from dkernel.estimators.scoring import r2_from_sums, r2_sums_by_chunk
 
     if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
         corr = model.canonical_correlations(X, y)
         return {"sum_correlations": float(np.sum(corr)), "correlations": [float(c) for c in corr]}
     if hasattr(model, "explained_variance_"):  # KernelPCA / StreamingKernelPCA
-        Z = model.transform(X).astype(np.float64)
-        var = da.compute(Z.var(axis=0))[0]
+        Z = model.transform(X)
+        k = int(Z.shape[1])
+        # each chunk's mean and squared deviations, pooled (Chan et al.), as r2_sums_by_chunk
+        parts = chunkwise(lambda z: np.concatenate([[len(z)], z.astype(np.float64).mean(axis=0),
+                                                    z.astype(np.float64).var(axis=0) * len(z)]),
+                          [Z], 1 + 2 * k, "evaluate", progress)
+        n, means = parts[:, :1], parts[:, 1:1 + k]
+        mean = (n * means).sum(axis=0) / n.sum()
+        var = (parts[:, 1 + k:].sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)) / n.sum()
         return {"explained_variance": [float(v) for v in var], "total_variance": float(var.sum())}
     if hasattr(model, "classes_"):
         if y.ndim != 1 and y.shape[1:] != (1,):
             raise ValueError(f"the store's y has shape {y.shape}; a classifier is scored on one "
                              "column of labels")
         check_labels(model, y)
-        pred = model.predict(X)
-        acc = (pred == y.reshape(-1)).mean()
-        return {"accuracy": float(da.compute(acc)[0])}
-    from dkernel.estimators.scoring import r2_from_sums, r2_sums
-
+        parts = chunkwise(lambda p, t: [np.sum(p[:, 0] == t[:, 0]), len(p)],
+                          [model.predict(X), y.reshape(-1)], 2, "evaluate", progress)
+        right, rows = parts.sum(axis=0)
+        return {"accuracy": float(right / rows)}
     pred = model.predict(X)
-    yv = y.astype(np.float64)  # r2_sums checks its rows and outputs against pred's
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.
-    ss_res, ss_tot = r2_sums(yv, pred)
+    ss_res, ss_tot = r2_sums_by_chunk(y, pred, progress)
     return {"mse": float(ss_res.sum() / max(int(np.prod(pred.shape)), 1)),
             "r2": r2_from_sums(ss_res, ss_tot)}
 
@@ -127,6 +135,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
     with common.connect_cluster(args):
-        result = metrics(model, data.X, data.y)
+        result = metrics(model, data.X, data.y, progress=not args.quiet)
     common.emit(args, result)
     return 0

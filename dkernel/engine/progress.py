@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
+
+import numpy as np
 
 
 class Progress:
@@ -71,6 +73,41 @@ class Progress:
         if self.enabled and self._tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def chunkwise(fn: Any, arrays: list, width: int, label: str, enabled: bool) -> np.ndarray:
+    """``fn(*blocks)``, a 1-D float64 of ``width``, for each row chunk of the
+    row-aligned dask ``arrays`` (1-D ones as one column), computed as one graph;
+    stacked in chunk order (n_chunks x width).  Enabled, the chunks run on the
+    current client and a progress line counts them as they finish (a metric over
+    a large store said nothing until it was done); otherwise dask's current
+    scheduler computes the same graph."""
+    import dask
+    import dask.array as da
+
+    rows = arrays[0].chunks[0]
+    blocks = [(a if a.ndim == 2 else a[:, None]).rechunk({0: rows, 1: -1}) for a in arrays]
+    parts = da.map_blocks(_partial, *blocks, fn=fn, dtype=np.float64,
+                          chunks=((1,) * len(rows), (width,)), meta=np.empty((0, 0)))
+    if not enabled:
+        return np.asarray(dask.compute(parts)[0])
+    from distributed import as_completed, get_client
+
+    client = get_client()
+    futures = client.compute(list(parts.to_delayed().ravel()))
+    bar = Progress(len(futures), label, True, unit="chunks")
+    try:
+        for fut in as_completed(futures):
+            if fut.status != "finished":
+                fut.result()  # raises the chunk's error
+            bar.update(1)
+    finally:
+        bar.close()
+    return np.concatenate(client.gather(futures))
+
+
+def _partial(*blocks: Any, fn: Any) -> np.ndarray:
+    return np.asarray(fn(*blocks), dtype=np.float64).reshape(1, -1)
 
 
 def time_budget(seen: dict, seconds: float, lanes: int) -> dict[str, float]:

@@ -66,7 +66,35 @@ def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
     ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
     if isinstance(ss_res, da.Array):
         ss_res, ss_tot = da.compute(ss_res, ss_tot)
-    ss_res, ss_tot = np.atleast_1d(ss_res), np.atleast_1d(ss_tot)
+    return _finite_sums(np.atleast_1d(ss_res), np.atleast_1d(ss_tot))
+
+
+def r2_sums_by_chunk(y: Any, p: Any, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`r2_sums` of lazy y and p a row chunk at a time
+    (:func:`~dkernel.engine.progress.chunkwise`, a progress line when
+    ``progress``): each chunk's rows, SS_res, and y's mean and sum of squared
+    deviations, pooled as Chan, Golub & LeVeque (1979) do, so y is read once."""
+    from dkernel.engine.progress import chunkwise
+
+    y = _as_targets(y, p)
+    k = 1 if p.ndim == 1 else int(p.shape[1])
+
+    def partial(yb: np.ndarray, pb: np.ndarray) -> np.ndarray:
+        yb, pb = yb.astype(np.float64), pb.astype(np.float64)
+        mean = yb.mean(axis=0) if len(yb) else np.zeros(k)
+        return np.concatenate([[len(yb)], ((yb - pb) ** 2).sum(axis=0), mean,
+                               ((yb - mean) ** 2).sum(axis=0)])
+
+    parts = chunkwise(partial, [y, p], 1 + 3 * k, "evaluate", progress)
+    n, ss_res = parts[:, :1], parts[:, 1:1 + k].sum(axis=0)
+    means, m2 = parts[:, 1 + k:1 + 2 * k], parts[:, 1 + 2 * k:]
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = (n * means).sum(axis=0) / max(float(n.sum()), 1.0)
+        ss_tot = m2.sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)
+    return _finite_sums(ss_res, ss_tot)
+
+
+def _finite_sums(ss_res: np.ndarray, ss_tot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.isfinite(ss_tot).all():
         raise ValueError("y contains NaN or infinity (or its values overflow float64); drop "
                          "those rows before scoring")
