@@ -196,7 +196,7 @@ def _fails(capsys, argv, message):
     assert main(argv) == 1
     # (a prediction's progress lines, for the chunks written before the error)
     err = "".join(line for line in capsys.readouterr().err.splitlines(keepends=True)
-                  if not re.match(r"(predict|transform): \d+/\d+ chunks", line))
+                  if not re.match(r"(predict|transform|evaluate): \d+/\d+ chunks", line))
     assert message in err, err
     assert err.count("\n") == 1 and err.startswith("dkernel: error: ")
 
@@ -485,6 +485,11 @@ def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["kind"] == "checkpoint" and info["step"] == 7
     assert info["arrays"]["coef"][0] == [4, 2]
+    # a group of groups: named, with the command that describes one ("empty" before)
+    nested = zarr.open_group(str(tmp_path / "nested.zarr"), mode="w")
+    nested.create_group("train").create_array("X", data=X)
+    _fails(capsys, ["info", str(tmp_path / "nested.zarr")], "holds groups, not arrays (train); "
+           f"describe one: dkernel info {tmp_path / 'nested.zarr'}/train")
 
 
 @pytest.mark.parametrize(

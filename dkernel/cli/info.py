@@ -86,6 +86,10 @@ def _store_info(path: str) -> dict[str, Any]:
         info = {"kind": kind, "path": path,
                 "n_rows": int(first.shape[0]) if first.ndim else None, "arrays": arrays}
     else:
+        groups = sorted(name for name, _ in group.groups())
+        if groups:
+            raise ValueError(f"{path!r} holds groups, not arrays ({', '.join(groups[:5])}); "
+                             f"describe one: dkernel info {path.rstrip('/')}/{groups[0]}")
         raise ValueError(f"{path!r} is an empty zarr group: no arrays to describe")
     if attrs:
         info["attrs"] = attrs
