@@ -67,8 +67,9 @@ def test_parquet_single_file_through_ingest_and_the_cli(client, tmp_path, capsys
     np.testing.assert_array_equal(zarr.open_group(out, mode="r")["X"][:], X)
     assert main(["ingest", str(path), "--out", str(tmp_path / "cli.zarr"), "--target", "label",
                  "--chunk-rows", "100", "--scheduler", client.scheduler.address]) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert "X 300 x 3 float32, y (300,) int64, 3 chunk(s) of 100 rows" in printed, printed
+    assert "ingest: 1/1 tasks" in err, err  # the workers' writes, counted as they finish
 
 
 def test_pandas_index_columns_are_dropped_and_numbered_parts_read_in_number_order(client,
@@ -156,7 +157,9 @@ def test_cli_parallel_csv_without_header_and_no_target(client, tmp_path, capsys)
     assert main(["ingest", str(tmp_path / "d.csv"), "--out", str(tmp_path / "s.zarr"),
                  "--parallel", "--no-target", "--chunk-rows", "20",
                  "--scheduler", client.scheduler.address]) == 0
-    assert "X 50 x 2 float32, 3 chunk(s) of 20 rows" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "X 50 x 2 float32, 3 chunk(s) of 20 rows" in out
+    assert "ingest: 3/3 chunks" in err, err
     X = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["X"][:]
     np.testing.assert_array_equal(X[:, 1], 2 * np.arange(50))
 

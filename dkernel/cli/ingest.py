@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 from typing import Any
@@ -100,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
         read, options = _reader(args, fmt, parallel)
         options.update(dtype=args.dtype, chunk_rows=args.chunk_rows, overwrite=args.overwrite)
         if parallel:  # read and written on the Dask workers
+            from dkernel.engine.progress import Progress
+
+            if not args.quiet:  # a line as the workers write chunks (a large file said nothing)
+                options["progress"] = functools.partial(Progress, label="ingest", enabled=True,
+                                                        unit="chunks" if fmt != "parquet" else
+                                                        "tasks")
             with common.connect_cluster(args) as client:
                 read(args.input, args.out, client=client, **options)
         else:

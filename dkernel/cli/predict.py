@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 import numpy as np
@@ -56,12 +57,11 @@ def run_apply(args: argparse.Namespace) -> int:
                 raise ValueError(f"{type(model).__name__}.{args.method} needs both views; use "
                                  "the Python API")
             outs = {"y_pred" if args.method == "predict" else "Z": out}
-        chunk_rows = int(data.X.chunks[0][0])
-        bar = Progress(-(-data.n_rows // chunk_rows), args.method, not args.quiet, unit="chunks")
-        write_arrays(client, args.out, outs, chunk_rows, overwrite=args.overwrite,
+        write_arrays(client, args.out, outs, int(data.X.chunks[0][0]), overwrite=args.overwrite,
                      attrs={"dkernel": args.method, "model": str(args.model),
-                            "estimator": type(model).__name__}, each=lambda: bar.update(1))
-        bar.close()
+                            "estimator": type(model).__name__},
+                     progress=None if args.quiet else functools.partial(
+                         Progress, label=args.method, enabled=True, unit="chunks"))
     for name, out in outs.items():
         common.status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
     if args.json:

@@ -319,13 +319,14 @@ def require_shared(client: Any, group: Any, path: str | os.PathLike) -> None:
 
 def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], chunk_rows: int,
                  *, overwrite: bool = False, attrs: dict | None = None,
-                 each: Any = None) -> str:
+                 progress: Any = None) -> str:
     """Write dask arrays of rows (None: left out) as the arrays of a store at
     ``path``, chunked by ``chunk_rows`` rows, on the workers of ``client``: each
     chunk is assembled and written by one worker, through :func:`run_writes`
     (a failure stops every task before the temporary store is removed).
-    ``each()`` is called as each chunk of rows is written (progress: a
-    prediction of 6M rows said nothing for a minute).  Returns the path."""
+    ``progress(n_chunks)``, a progress bar's factory (its ``update()`` is called
+    as each chunk of rows is written, then ``close()``): a prediction of 6M rows
+    said nothing for a minute.  Returns the path."""
     import dask.array as da
 
     with atomic_store(path, overwrite) as group:
@@ -337,7 +338,7 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                                             chunk_rows))
                 # the arrays' row chunks align, so no two tasks write one zarr chunk
                 sources.append(a.rechunk(targets[-1].chunks))
-        if each is None:
+        if progress is None:
             run_writes(client, da.store(sources, targets, lock=False, compute=False))
         else:  # one graph, one small result a chunk of rows, so each one's end is seen
             # (a collection a chunk built 5000 graphs: twice the client time)
@@ -345,7 +346,11 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                                  targets=targets, dtype=np.int64, chunks=(1, 1),
                                  meta=np.empty((0, 0), np.int64))
             futures = client.futures_of(client.persist(done))
-            run_writes(client, futures, each=lambda _: each())
+            bar = progress(len(futures))
+            try:
+                run_writes(client, futures, each=lambda _: bar.update())
+            finally:
+                bar.close()
         group.attrs.update(attrs or {})
     return os.fspath(path)
 

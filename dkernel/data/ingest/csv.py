@@ -215,16 +215,18 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                         delimiter: str | None = "auto", dtype: Any = "float32",
                         chunk_rows: int | None = None, overwrite: bool = False,
                         client: Any = None, scheduler: str | None = None,
-                        blocksize: int = _CSV_BLOCK) -> str:
+                        blocksize: int = _CSV_BLOCK, progress: Any = None) -> str:
     """Ingest a large CSV file on the workers, one byte range per task.
 
     Parameters are those of :func:`ingest_csv` (``header`` None: detected from
     the first line) plus ``client``, the ``distributed.Client`` of the cluster
     that reads and writes (default: the current client; or ``scheduler``, an
-    address to connect to for this call), and ``blocksize``, the bytes per
-    task.  Errors name the column (the serial :func:`ingest_csv` also
-    names the line).  The file is parsed twice: once to count the rows of every
-    byte range (chunks must start at known rows), once to write.
+    address to connect to for this call), ``blocksize``, the bytes per
+    task, and ``progress``, a progress bar's factory for the write pass
+    (:func:`~dkernel.data.store.write_arrays`).  Errors name the column (the
+    serial :func:`ingest_csv` also names the line).  The file is parsed twice:
+    once to count the rows of every byte range (chunks must start at known
+    rows), once to write.
     """
     require("parallel CSV ingest", "ingest", "pyarrow", "dask.dataframe")
     import dask.dataframe as dd
@@ -252,7 +254,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         except Exception as exc:
             raise IngestError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
         try:
-            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
+            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c, progress)
         except _TypeChange as exc:
             if not exc.numeric:
                 raise
@@ -260,7 +262,7 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
             # (NaN) or a fraction further down: read as float64, as the serial reader
             # does, and a missing value is then refused naming its row.
             ddf = dd.read_csv(path, dtype={c: "float64" for c in exc.numeric}, **kw)
-            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c)
+            return _ingest_frame(ddf, path, out, target, dtype, chunk_rows, overwrite, c, progress)
 
 
 def _fitting_block(client: Any, blocksize: int) -> int:
@@ -274,7 +276,7 @@ def _fitting_block(client: Any, blocksize: int) -> int:
 
 
 def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtype: Any,
-                  chunk_rows: int | None, overwrite: bool, client: Any) -> str:
+                  chunk_rows: int | None, overwrite: bool, client: Any, progress: Any) -> str:
     # names as the serial reader takes them ("a, b, label": 'label', not ' label')
     columns = [str(c).strip() for c in ddf.columns]
     ddf.columns = columns
@@ -306,7 +308,7 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
         y = ddf[t].to_dask_array(lengths=lengths)
         y = y.map_blocks(as_dtype, y_dtype, path, [t], dtype=y_dtype)
     return write_arrays(client, out, {"X": X, "y": y}, chunk_rows, overwrite=overwrite,
-                        attrs=attrs)
+                        attrs=attrs, progress=progress)
 
 
 class _TypeChange(IngestError):

@@ -303,13 +303,14 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                            dtype: Any = "float32", y_dtype: Any = "float64",
                            chunk_rows: int | None = None, overwrite: bool = False,
                            client: Any = None, scheduler: str | None = None,
-                           blocksize: int = _BLOCK) -> str:
+                           blocksize: int = _BLOCK, progress: Any = None) -> str:
     """Ingest a libsvm / svmlight file on the Dask workers, one byte range per task.
 
     Parameters are those of :func:`ingest_libsvm` plus ``client``, the
     ``distributed.Client`` of the cluster that reads and writes (default: the
     current client; or ``scheduler``, an address to connect to for this call),
-    and ``blocksize``, the bytes of text per task.  Every worker
+    ``blocksize``, the bytes of text per task, and ``progress``, a progress
+    bar's factory for the write pass (:func:`~dkernel.data.store.write_arrays`).  Every worker
     must see the file under ``path``.  The store appears under ``out`` only when
     every chunk is written; errors name the line.
     """
@@ -336,4 +337,4 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         X = da.concatenate([da.from_delayed(p[0], (r, d), dtype) for p, r in zip(parts, rows)])
         y = da.concatenate([da.from_delayed(p[1], (r,), y_dtype) for p, r in zip(parts, rows)])
         return write_arrays(c, out, {"X": X, "y": y}, chunk_rows, overwrite=overwrite,
-                            attrs={"source": path, "format": "libsvm"})
+                            attrs={"source": path, "format": "libsvm"}, progress=progress)

@@ -37,7 +37,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
                    target: int | str | None = -1, dtype: Any = "float32",
                    chunk_rows: int | None = None, overwrite: bool = False,
                    client: Any = None, scheduler: str | None = None,
-                   blocksize: int = _PARQUET_BLOCK) -> str:
+                   blocksize: int = _PARQUET_BLOCK, progress: Any = None) -> str:
     """Ingest a Parquet file (or a folder / glob of them, or a URL) on the workers.
 
     Parameters
@@ -64,6 +64,9 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     blocksize : int, default 64 MB
         Bytes of ``X`` one task reads and writes (whole chunks; the row
         groups holding them are read once, those cut by a task's edge twice).
+    progress : callable, optional
+        A progress bar's factory: ``progress(n_tasks)`` returns an object whose
+        ``update()`` is called as each task's rows are written, then ``close()``.
 
     Returns
     -------
@@ -110,7 +113,12 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
                         path=path, pure=False)
-        written = sum(run_writes(c, futures))
+        bar = progress(len(futures)) if progress is not None else None
+        try:
+            written = sum(run_writes(c, futures, each=bar and (lambda _: bar.update())))
+        finally:
+            if bar is not None:
+                bar.close()
         if written != n:  # a file changed between planning and reading
             raise IngestError(f"{path}: read {written} rows but the metadata says {n}; "
                               "was it modified during the ingest?")
