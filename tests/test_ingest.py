@@ -458,7 +458,9 @@ def test_cli_ingests_a_csv_and_reports_the_store(tmp_path, capsys):
     out = tmp_path / "s.zarr"
     assert main(["ingest", str(tmp_path / "d.csv"), "--out", str(out), "--target", "label",
                  "--chunk-rows", "4"]) == 0
-    assert "X 9 x 2 float32" in capsys.readouterr().out
+    printed, err = capsys.readouterr()
+    assert "X 9 x 2 float32" in printed
+    assert "ingest: 1/1 MB" in err, err  # text: progress in MB of the file read
     g, _, y = read_store(out)
     assert g["X"].chunks == (4, 2)
     np.testing.assert_array_equal(y, np.arange(9) % 2)
@@ -468,8 +470,10 @@ def test_cli_fashion_mnist_from_a_source_folder(tmp_path, capsys):
     _fake_fashion(tmp_path / "src", n_train=9, n_test=3)
     assert main(["ingest", "fashion-mnist", "--source", str(tmp_path / "src"),
                  "--out", str(tmp_path / "fm")]) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert "train.zarr: X 9 x 784 float32, y (9,) int32" in printed
+    # a progress line a store, in rows (an idx header gives the count)
+    assert "ingest: 9/9 rows" in err and "ingest: 3/3 rows" in err, err
     assert "test.zarr: X 3 x 784 float32" in printed
 
 

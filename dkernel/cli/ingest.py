@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         for name in ("train.zarr", "test.zarr"):
             common.check_output(os.path.join(args.out, name), args.overwrite, store=True)
         out = ing.ingest_fashion_mnist(args.out, args.source, chunk_rows=args.chunk_rows,
-                                       overwrite=args.overwrite)
+                                       overwrite=args.overwrite, progress=_progress(args))
         outputs = [os.path.join(out, "train.zarr"), os.path.join(out, "test.zarr")]
     else:
         if args.source is not None:
@@ -100,13 +100,8 @@ def run(args: argparse.Namespace) -> int:
             _refuse_cluster_flags(args, f"this {fmt} input")
         read, options = _reader(args, fmt, parallel)
         options.update(dtype=args.dtype, chunk_rows=args.chunk_rows, overwrite=args.overwrite)
+        options["progress"] = _progress(args)
         if parallel:  # read and written on the Dask workers
-            from dkernel.engine.progress import Progress
-
-            if not args.quiet:  # a line as the workers write chunks (a large file said nothing)
-                options["progress"] = functools.partial(Progress, label="ingest", enabled=True,
-                                                        unit="chunks" if fmt != "parquet" else
-                                                        "tasks")
             with common.connect_cluster(args) as client:
                 read(args.input, args.out, client=client, **options)
         else:
@@ -117,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
                 [f"wrote {path}: {_describe(path)}" for path in outputs])
     common.status(args, f"ingest took {seconds:.1f} s")
     return 0
+
+
+def _progress(args: argparse.Namespace) -> Any:
+    """The readers' progress bar factory (None with --quiet): a large file said
+    nothing until it was written."""
+    from dkernel.engine.progress import Progress
+
+    return None if args.quiet else functools.partial(Progress, label="ingest", enabled=True)
 
 
 def _reader(args: argparse.Namespace, fmt: str, parallel: bool) -> tuple[Any, dict]:

@@ -61,7 +61,7 @@ def run_apply(args: argparse.Namespace) -> int:
                      attrs={"dkernel": args.method, "model": str(args.model),
                             "estimator": type(model).__name__},
                      progress=None if args.quiet else functools.partial(
-                         Progress, label=args.method, enabled=True, unit="chunks"))
+                         Progress, label=args.method, enabled=True))
     for name, out in outs.items():
         common.status(args, f"wrote {name} {tuple(out.shape)} to {args.out}")
     if args.json:

@@ -324,9 +324,10 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
     ``path``, chunked by ``chunk_rows`` rows, on the workers of ``client``: each
     chunk is assembled and written by one worker, through :func:`run_writes`
     (a failure stops every task before the temporary store is removed).
-    ``progress(n_chunks)``, a progress bar's factory (its ``update()`` is called
-    as each chunk of rows is written, then ``close()``): a prediction of 6M rows
-    said nothing for a minute.  Returns the path."""
+    ``progress(n_chunks, unit="chunks")``, a progress bar's factory (its
+    ``update()`` is called as each chunk of rows is written, then
+    ``close()``): a prediction of 6M rows said nothing for a minute.  Returns
+    the path."""
     import dask.array as da
 
     with atomic_store(path, overwrite) as group:
@@ -346,7 +347,7 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                                  targets=targets, dtype=np.int64, chunks=(1, 1),
                                  meta=np.empty((0, 0), np.int64))
             futures = client.futures_of(client.persist(done))
-            bar = progress(len(futures))
+            bar = progress(len(futures), unit="chunks")
             try:
                 run_writes(client, futures, each=lambda _: bar.update())
             finally:

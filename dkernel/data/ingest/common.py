@@ -102,6 +102,10 @@ chunk_rows : int, optional
     Rows per chunk (default: at most 8192 rows and ~32 MB).
 overwrite : bool, default False
     Replace an existing store at ``out``.
+progress : callable, optional
+    A progress bar's factory: ``progress(total, unit=...)`` returns an object
+    whose ``update(n)`` is called as rows are written (``dkernel ingest``
+    passes :class:`dkernel.engine.progress.Progress`), then ``close()``.
 
 Returns
 -------

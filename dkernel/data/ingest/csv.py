@@ -43,7 +43,7 @@ _CSV_BLOCK = 64 * 2**20
 def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
                header: bool | None = None, delimiter: str | None = "auto", dtype: Any = "float32",
                y_dtype: Any = "auto", chunk_rows: int | None = None,
-               overwrite: bool = False) -> str:
+               overwrite: bool = False, progress: Any = None) -> str:
     """Ingest a delimited text file (``.gz`` or not), read line by line.
 
     Parameters
@@ -76,7 +76,7 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
     src = _csv_source(path, target, header, delimiter,
                       np.dtype("float64") if auto else np.dtype(y_dtype))
     src.y_auto = auto and src.y_dtype is not None
-    write_stores({out: src}, chunk_rows, dtype, overwrite)
+    write_stores({out: src}, chunk_rows, dtype, overwrite, progress)
     return os.fspath(out)
 
 
@@ -119,6 +119,8 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
         lines: list[str] = []
         numbers: list[int] = []
         with _open_text(path) as f:
+            raw = f.buffer  # the file's bytes read so far (a gzip's compressed ones)
+            read[0] = lambda: (getattr(raw, "fileobj", None) or raw).tell()
             for lineno, line in _numbered_lines(path, f):
                 if header and lineno == first:
                     continue
@@ -127,6 +129,7 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
                 if len(lines) == chunk_rows:
                     yield parse(lines, numbers)
                     lines, numbers = [], []
+        read[0] = lambda: size  # all of it (and the file is closed)
         if lines:
             yield parse(lines, numbers)
 
@@ -135,7 +138,11 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
         attrs["columns"] = [v for j, v in enumerate(names) if j != t]
     if t is not None:
         attrs["target"] = names[t] if names is not None else t
-    return Source(n_cols - (t is not None), blocks, None if t is None else y_dtype, (), attrs)
+    read = [lambda: 0]
+    size = max(1, os.path.getsize(path))
+    return Source(n_cols - (t is not None), blocks, None if t is None else y_dtype, (), attrs,
+                  total=-(-size // 2**20), unit="MB",
+                  position=lambda: -(-min(read[0](), size) // 2**20))
 
 
 def _first_row(path: str, header: bool | None,

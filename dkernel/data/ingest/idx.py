@@ -31,7 +31,7 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 @store_params
 def ingest_idx(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
                scale: bool = True, dtype: Any = "float32", chunk_rows: int | None = None,
-               overwrite: bool = False) -> str:
+               overwrite: bool = False, progress: Any = None) -> str:
     """Ingest an idx file (``.gz`` or not) of images, and optionally its labels.
 
     Each item is flattened to one row (28 x 28 images give 784 columns).
@@ -53,12 +53,14 @@ def ingest_idx(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
     {store params}
     """
     check_out(out, overwrite)
-    write_stores({out: _idx_source(path, labels, scale, dtype)}, chunk_rows, dtype, overwrite)
+    write_stores({out: _idx_source(path, labels, scale, dtype)}, chunk_rows, dtype, overwrite,
+                 progress)
     return os.fspath(out)
 
 
 def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
-                         chunk_rows: int | None = None, overwrite: bool = False) -> str:
+                         chunk_rows: int | None = None, overwrite: bool = False,
+                         progress: Any = None) -> str:
     """Ingest Fashion-MNIST into ``out/train.zarr`` and ``out/test.zarr``.
 
     Each store holds ``X`` (pixels / 255, float32, 784 columns) and ``y``
@@ -96,7 +98,7 @@ def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
         sources[os.path.join(out, f"{split}.zarr")] = _idx_source(*found, True, "float32")
     for path in sources:
         check_out(path, overwrite)
-    write_stores(sources, chunk_rows, "float32", overwrite)
+    write_stores(sources, chunk_rows, "float32", overwrite, progress)
     return out
 
 
@@ -186,6 +188,6 @@ def _idx_source(path: PathLike, labels: PathLike | None, scale: bool,
              "scaled": bool(byte_scale)}
     if lpath:
         attrs["labels"] = lpath
-    return Source(n_inputs, blocks, y_dtype, (), attrs)
+    return Source(n_inputs, blocks, y_dtype, (), attrs, total=int(dims[0]))
 
 

@@ -234,7 +234,8 @@ def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> in
 @store_params
 def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = None,
                   zero_based: bool = False, dtype: Any = "float32", y_dtype: Any = "float64",
-                  chunk_rows: int | None = None, overwrite: bool = False) -> str:
+                  chunk_rows: int | None = None, overwrite: bool = False,
+                  progress: Any = None) -> str:
     """Ingest a libsvm / svmlight text file; sparse rows are densified per chunk.
 
     Lines read ``label index:value index:value ... [# comment]``; ``qid:``
@@ -260,7 +261,7 @@ def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = Non
     """
     check_out(out, overwrite)  # before the extra pass over a possibly large file
     src = _libsvm_source(path, n_features, zero_based, np.dtype(dtype), np.dtype(y_dtype))
-    write_stores({out: src}, chunk_rows, dtype, overwrite)
+    write_stores({out: src}, chunk_rows, dtype, overwrite, progress)
     return os.fspath(out)
 
 
@@ -275,6 +276,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
         n_features = width(path, [scan_range(path, r, zero_based) for r in ranges],
                                     None)
     check_positive("n_features", n_features, integer=True)
+    size = max(1, os.path.getsize(path))
 
     def blocks(chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         # Reused for every chunk (the writer stores each block before the next).
@@ -283,6 +285,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
         k = 0
         for rng in ranges:
             Xr, yr = read_range(path, rng, n_features, zero_based, dtype)
+            read[0] = size if rng[1] < 0 else rng[0] + rng[1]
             a = 0
             while a < len(yr):
                 take = min(chunk_rows - k, len(yr) - a)
@@ -295,7 +298,10 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
         if k:
             yield X[:k], y[:k]
 
-    return Source(n_features, blocks, y_dtype, (), {"source": path, "format": "libsvm"})
+    read = [0]  # bytes of the file read (a gzip is one range: read at its end)
+    return Source(n_features, blocks, y_dtype, (), {"source": path, "format": "libsvm"},
+                  total=-(-size // 2**20), unit="MB",
+                  position=lambda: -(-min(read[0], size) // 2**20))
 
 
 def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,

@@ -17,7 +17,7 @@ from dkernel.data.validate import check_numeric_dtype
 @store_params
 def ingest_npy(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
                dtype: Any = "float32", chunk_rows: int | None = None,
-               overwrite: bool = False) -> str:
+               overwrite: bool = False, progress: Any = None) -> str:
     """Ingest a ``.npy`` array (memory-mapped, so read one chunk at a time).
 
     Parameters
@@ -34,7 +34,7 @@ def ingest_npy(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
     {store params}
     """
     check_out(out, overwrite)
-    write_stores({out: _npy_source(path, labels)}, chunk_rows, dtype, overwrite)
+    write_stores({out: _npy_source(path, labels)}, chunk_rows, dtype, overwrite, progress)
     return os.fspath(out)
 
 
@@ -81,7 +81,8 @@ def _npy_source(path: PathLike, labels: PathLike | None) -> Source:
         attrs["labels"] = os.fspath(labels)
     n_inputs = int(np.prod(Xm.shape[1:], dtype=np.int64))
     if ym is None:
-        return Source(n_inputs, blocks, None, (), attrs)
-    return Source(n_inputs, blocks, ym.dtype.newbyteorder("="), tuple(ym.shape[1:]), attrs)
+        return Source(n_inputs, blocks, None, (), attrs, total=int(Xm.shape[0]))
+    return Source(n_inputs, blocks, ym.dtype.newbyteorder("="), tuple(ym.shape[1:]), attrs,
+                  total=int(Xm.shape[0]))
 
 

@@ -65,7 +65,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         Bytes of ``X`` one task reads and writes (whole chunks; the row
         groups holding them are read once, those cut by a task's edge twice).
     progress : callable, optional
-        A progress bar's factory: ``progress(n_tasks)`` returns an object whose
+        A progress bar's factory: ``progress(n_tasks, unit="tasks")`` returns an object whose
         ``update()`` is called as each task's rows are written, then ``close()``.
 
     Returns
@@ -113,7 +113,7 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
         y = None if t is None else create_array(group, "y", (n,), y_dtype, chunk_rows)
         futures = c.map(_write_span, spans, parts=parts, x_cols=x_cols, target=t, X=X, y=y,
                         path=path, pure=False)
-        bar = progress(len(futures)) if progress is not None else None
+        bar = progress(len(futures), unit="tasks") if progress is not None else None
         try:
             written = sum(run_writes(c, futures, each=bar and (lambda _: bar.update())))
         finally:

@@ -33,18 +33,30 @@ class Source:
     #: y's dtype is decided once every label is seen: integers if all are
     #: whole numbers (int32, or int64 if they need it), else float32.
     y_auto: bool = False
+    #: For progress: the work in ``unit``s (rows, or MB of a text file whose
+    #: rows are not known up front) and ``position()``, the units read so far
+    #: (None: the rows written).
+    total: int = 0
+    unit: str = "rows"
+    position: Callable[[], int] | None = None
 
 
 def write_stores(sources: dict[PathLike, Source], chunk_rows: int | None, dtype: Any,
-                 overwrite: bool) -> None:
+                 overwrite: bool, progress: Any = None) -> None:
     """Write each source as the store at its path: all of them or, on any failure,
-    none (nor the parent folders created for them)."""
+    none (nor the parent folders created for them).  ``progress``: a progress
+    bar's factory, ``progress(total, unit=...)``, one bar a source."""
     created = _missing_parents(os.fspath(next(iter(sources))))
     try:
         with ExitStack() as stack:  # renamed into place only once every store is written
             for out, src in sources.items():
-                _write_blocks(stack.enter_context(atomic_store(out, overwrite)), src, chunk_rows,
-                             dtype)
+                bar = None if progress is None else progress(src.total, unit=src.unit)
+                try:
+                    _write_blocks(stack.enter_context(atomic_store(out, overwrite)), src,
+                                  chunk_rows, dtype, bar)
+                finally:
+                    if bar is not None:
+                        bar.close()
     except BaseException:
         _remove_empty(created)
         raise
@@ -63,7 +75,8 @@ def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: Source) -
     return cast_finite(block, dtype, refuse)
 
 
-def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) -> int:
+def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any,
+                  bar: Any = None) -> int:
     """Append the source's blocks to growing X / y arrays; returns the row count."""
     dtype = np.dtype(dtype)
     if src.n_inputs == 0:
@@ -76,7 +89,7 @@ def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) -
     y = None if src.y_dtype is None else create_array(group, y_name, (chunk_rows, *src.y_tail),
                                                       src.y_dtype, chunk_rows)
     whole, lo, hi = True, 0.0, 0.0
-    n = 0
+    n = reported = 0
     for Xb, yb in src.blocks(chunk_rows):
         k = Xb.shape[0]
         # Blocks are whole chunks (all but the last), so every write is chunk-aligned.
@@ -90,6 +103,10 @@ def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any) -
                     whole = whole and bool(np.all(np.isfinite(yb) & (yb == np.round(yb))))
                 lo, hi = min(lo, float(yb.min())), max(hi, float(yb.max()))
         n += k
+        if bar is not None:
+            now = n if src.position is None else src.position()
+            bar.update(now - reported)
+            reported = now
     if n == 0:
         raise IngestError(f"{src.attrs.get('source')}: no data rows; nothing to ingest")
     if y is not None and src.y_auto:
