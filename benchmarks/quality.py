@@ -336,6 +336,8 @@ def _bandwidth(regime: Regime, X: np.ndarray) -> tuple[Any, float]:
     return ("auto", med) if regime.bw == 1.0 else (regime.bw * med, regime.bw * med)
 
 
+#: EigenPro's "auto" centers: every row up to this many, then the Nystrom/FALKON route
+_MAX_AUTO_CENTERS = 100_000
 #: the cells ``--lanes`` applies to: the regressors and classifiers on ``_BASE``'s data
 _WIDE = ("DSGRegressor", "DSGClassifier", "EigenProRegressor", "EigenProClassifier")
 
@@ -365,6 +367,8 @@ def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
     t0 = time.perf_counter()
     if name not in _WIDE:  # (their rows are not cut into chunks: lanes=W would not hold)
         width = None
+    if name.startswith("EigenPro") and regime.n > _MAX_AUTO_CENTERS:
+        width = None  # the Nystrom/FALKON route: every CG pass reads all rows, with no lanes
     if width is not None:
         params = {**(params or {}), "lanes": width}
     est_cls = functools.partial(getattr(dkernel, name), **(params or {}))

@@ -505,6 +505,9 @@ def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
         (["--validation-fraction", "0.3"], "--validation-fraction applies with --early-stopping"),
         (["--solver", "eigenpro", "--n-iter-no-change", "5"],
          "--n-iter-no-change applies with --early-stopping"),
+        # a negative --theta was read as "none" (plain kernel SGD)
+        (["--solver", "sphere", "--task", "regression", "--theta", "-1"],
+         "theta must be None or in (0, 1], got -1.0"),
     ],
 )
 def test_fit_refuses_a_setting_it_would_ignore(labelled, capsys, extra, message):

@@ -462,6 +462,9 @@ def test_settings_that_do_not_apply_to_the_chosen_route_are_refused(client, tmp_
     # (a warning before: an ignored setting is refused)
     with pytest.raises(ValueError, match="q, batch_size set the SGD iteration.*drop them"):
         EigenProRegressor(n_centers=50, q=5, batch_size=10, n_epochs=2, client=client).fit(X, y)
+    # lanes=1 and lanes=5 gave the same CG solve, bit for bit, and lanes_ None
+    with pytest.raises(ValueError, match="lanes set the SGD iteration"):
+        EigenProRegressor(n_centers=50, lanes=5, n_epochs=2, client=client).fit(X, y)
     # block_size changed neither kernel-form model, bit for bit
     for kw in (dict(), dict(n_centers=50)):
         with pytest.raises(ValueError, match="block_size=64 sets the random-feature form"):

@@ -10,6 +10,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.svm import OneClassSVM
 
 from dkernel import DSGDensityRatio, DSGOneClassSVM, load_model
+from dkernel.data import write_store
 
 
 def _two_blobs(n: int, seed: int) -> np.ndarray:
@@ -97,6 +98,10 @@ def test_one_class_model_file_round_trip(client, tmp_path):
     # the history and back-offs are saved with the model, as DSG's and EigenPro's are
     assert back.history_ == model.history_ and len(back.history_) == 1
     assert back.step_backoffs_ == model.step_backoffs_
+    # dkernel evaluate scored its +1 / -1 as a regression on the store's y (R^2 -2.2, rc 0)
+    store = write_store(tmp_path / "s.zarr", X, np.arange(len(X)) % 2, chunk_rows=250)
+    _refused(["evaluate", str(tmp_path / "oc.npz"), store],
+             "DSGOneClassSVM is an outlier detector, with no metric on a store's y")
 
 
 def test_one_class_matches_the_dense_solution_on_the_same_features(client):
@@ -158,6 +163,25 @@ def test_density_ratio_matches_the_dense_kl_solution_and_the_true_ratio(client, 
     assert isinstance(back, DSGDensityRatio) and back.n_denominator_ == 1200
     assert back.history_ == model.history_ and len(back.history_) == 10
     np.testing.assert_array_equal(back.score_samples(Xt), ours)
+    # the command line has no use for it, and says so (predict and transform each
+    # pointed at the other; evaluate raised an AttributeError)
+    store = write_store(tmp_path / "s.zarr", Xt, chunk_rows=50)
+    for argv in (["evaluate", str(path), store],
+                 ["predict", str(path), store, "--out", str(tmp_path / "p.zarr")],
+                 ["transform", str(path), store, "--out", str(tmp_path / "t.zarr")]):
+        _refused(argv, "use its Python API (predict_ratio, score_samples)")
+
+
+def _refused(argv, message):
+    import contextlib
+    import io
+
+    from dkernel.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main([*argv, "--quiet"]) == 1
+    assert message in err.getvalue() and err.getvalue().count("\n") == 1, err.getvalue()
 
 
 def test_density_ratio_rejects_samples_of_different_width():

@@ -45,6 +45,9 @@ def run_apply(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     if not hasattr(model, args.method):
         other = "transform" if args.method == "predict" else "predict"
+        if not hasattr(model, other):  # DSGDensityRatio: each pointed at the other
+            raise ValueError(f"{type(model).__name__} has neither predict nor transform; "
+                             f"use its Python API ({_python_only(model)})")
         raise ValueError(f"{type(model).__name__} has no {args.method}; use 'dkernel {other}'")
     data = open_dataset(args.store)
     with common.connect_cluster(args) as client:
@@ -90,12 +93,31 @@ def check_labels(model: Any, y: Any) -> None:
                          "--task regression)")
 
 
+def _python_only(model: Any) -> str:
+    methods = ("predict_ratio", "score_samples", "decision_function")
+    return ", ".join(m for m in methods if hasattr(model, m))
+
+
+def check_scorable(model: Any) -> None:
+    """Refuse a model that 'dkernel evaluate' has no metric for."""
+    from sklearn.base import is_outlier_detector
+
+    name = type(model).__name__
+    if is_outlier_detector(model):  # its +1 / -1 were scored as a regression on y
+        raise ValueError(f"{name} is an outlier detector, with no metric on a store's y: write "
+                         "its labels (+1 inlier, -1 outlier) with 'dkernel predict'")
+    if not hasattr(model, "predict") and not hasattr(model, "transform"):
+        raise ValueError(f"{name} has no metric in 'dkernel evaluate'; use its Python API "
+                         f"({_python_only(model)})")
+
+
 def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any]:
     """The model's metrics on dask X and y, predicting each row once; ``progress``
     (on the current client): a line counting the chunks as they finish."""
     from dkernel.engine.progress import chunkwise
     from dkernel.estimators.scoring import r2_from_sums, r2_sums_by_chunk
 
+    check_scorable(model)
     if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
         corr = model.canonical_correlations(X, y)
         return {"sum_correlations": float(np.sum(corr)), "correlations": [float(c) for c in corr]}
@@ -133,6 +155,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from dkernel.io import load_model
 
     model = load_model(args.model)
+    check_scorable(model)  # before the store: a ratio model's store has no y
     data = open_dataset(args.store, require_y=not hasattr(model, "explained_variance_"))
     with common.connect_cluster(args):
         result = metrics(model, data.X, data.y, progress=not args.quiet)

@@ -431,7 +431,7 @@ _WHOLE_POOL = (
 
 # the CLI reads 0 (or "none") as None: no truncation schedule
 _THETA = dataclasses.replace(none_or(number(0.0, 1.0)),
-                             parse=lambda t: None if t == "none" or float(t) <= 0 else float(t))
+                             parse=lambda t: None if t == "none" or float(t) == 0 else float(t))
 
 # SphereRegressor -------------------------------------------------------------------------
 _SPHERE = (

@@ -30,7 +30,7 @@ from dkernel.solvers.targets import TargetEncoding
 #: alpha="auto" in the all-rows solve: lambda of (1/n)|K_nM a - y|^2 + lambda a^T K_MM a.
 _DEFAULT_RIDGE = 1e-6
 #: Settings of the SGD iteration (Table 2) that the all-rows CG solve has no use for.
-_SGD_ONLY = ("q", "subsample_size", "damping", "batch_size", "step_size", "max_batch")
+_SGD_ONLY = ("q", "subsample_size", "damping", "batch_size", "step_size", "max_batch", "lanes")
 
 
 class NystromRoute(KernelRoute):
