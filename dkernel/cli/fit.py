@@ -213,10 +213,8 @@ def run(args: argparse.Namespace) -> int:
                 "deleted)")
         remove_file(checkpoint)
         common.status(args, f"--overwrite: deleted the checkpoint {checkpoint}; starting over")
-    if args.resume:
-        # a mistyped path must not pass for a resumed fit: say which it is
-        common.status(args, f"resuming from {checkpoint}" if file_exists(checkpoint) else
-               f"--resume: no checkpoint at {checkpoint}; starting from the first step")
+    if args.resume and file_exists(checkpoint):  # (a missing one: the fit warns)
+        common.status(args, f"resuming from {checkpoint}")
     if "verbose" in est.get_params():
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster

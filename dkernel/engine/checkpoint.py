@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,15 @@ class Checkpointer:
         except OSError as e:  # (it named a temporary file, or no file: "No space left")
             raise OSError(e.errno, f"checkpoint {self.path!r} could not be written: "
                                    f"{e.strerror or e}; the previous one is kept") from e
+
+    def resume(self) -> tuple[dict[str, Any], int] | None:
+        """:meth:`load`, with a warning where there is nothing to load: a
+        mistyped path restarted a long fit without a word."""
+        loaded = self.load()
+        if loaded is None:
+            warnings.warn(f"resume: no checkpoint at {self.path}; the fit starts from the first "
+                          "step", UserWarning, stacklevel=4)
+        return loaded
 
     def load(self) -> tuple[dict[str, Any], int] | None:
         """(state, step) of an existing compatible checkpoint, or None if there is none."""

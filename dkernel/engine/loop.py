@@ -176,7 +176,7 @@ class Engine:
         guard = DivergenceGuard(program, batch_size=plan.batch_size)
         history: list[dict[str, Any]] = []
         if opts.resume:
-            loaded = ckpt.load()
+            loaded = ckpt.resume()
             if loaded is not None:
                 saved = dict(loaded[0])
                 history = list(saved.pop(_HISTORY_KEY, []))
@@ -506,7 +506,7 @@ class Engine:
                              "shuffle": shuffle, "random_state": int(random_state), "scan": label})
         start = 0
         if opts.resume:
-            loaded = ckpt.load()
+            loaded = ckpt.resume()
             if loaded is not None:
                 arrays, start = loaded
                 state = arrays["state"] if set(arrays) == {"state"} else arrays
