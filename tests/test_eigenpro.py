@@ -737,3 +737,17 @@ def test_random_feature_rounds_of_local_steps_learn_the_rule_and_are_saved(clien
     np.testing.assert_allclose(resumed.coef_, full.coef_, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="local_steps=3 applies to the random-feature form"):
         EigenProRegressor(local_steps=3).fit(X[:50], y[:50])
+
+
+@pytest.mark.parametrize("form", [dict(), dict(n_features=256)])
+def test_the_resolved_q_and_batch_given_back_give_the_same_model(client, form):
+    # docs/guide/eigenpro.md: a given q computed fewer eigenpairs than "auto", which
+    # moved the eigenvalues and the predictions (7e-4 kernel form, 2e-3 features)
+    X = _points(2000, 3, seed=21)
+    y = np.sin(3 * X[:, 0])
+    base = dict(bandwidth=1.0, n_epochs=2, client=client, **form)
+    first = EigenProRegressor(**base).fit(X, y)
+    again = EigenProRegressor(q=first.q_, batch_size=first.batch_size_,
+                              subsample_size=first.subsample_size_, **base).fit(X, y)
+    np.testing.assert_array_equal(again.eigenvalues_, first.eigenvalues_)
+    np.testing.assert_array_equal(again.predict(X), first.predict(X))

@@ -138,7 +138,9 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
                          f"of {s} sample row(s) give {min(D, s)}: raise n_features (or the "
                          "sample's rows: subsample_size, init_rows), or pass preconditioner=None "
                          "where the estimator has one")
-    n_pairs = min(D, s, (int(q) + 1) if q is not None else int(max_pairs))
+    # a given q computes as many pairs as "auto" (or q + 1 if more): a fit's resolved
+    # q given back then computes the same eigensystem (fewer moved predictions 2e-3)
+    n_pairs = min(D, s, max(int(max_pairs), int(q) + 1 if q is not None else 0))
     # the number of chunks follows the work (one per ~_GRAM_FLOP of s x D x D, at
     # least _GRAM_ROWS rows), never the cluster: the sums, hence the model, must
     # not depend on it; each chunk's D x D (or D x r) partial is paged in, shipped
