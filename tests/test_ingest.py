@@ -168,10 +168,14 @@ def test_csv_with_header_stores_the_named_target_as_y(tmp_path):
     assert sorted(g.keys()) == ["X", "y"]
 
 
-def test_csv_labels_are_float32_unless_all_whole_and_int64_when_large(tmp_path):
+def test_csv_labels_are_float64_unless_all_whole_and_int64_when_large(tmp_path):
     (tmp_path / "f.csv").write_text("1,0.5\n2,3\n")
     _, _, y = read_store(ingest_csv(tmp_path / "f.csv", tmp_path / "f.zarr", chunk_rows=1))
-    assert y.dtype == np.float32 and y.tolist() == [0.5, 3.0]
+    assert y.dtype == np.float64 and y.tolist() == [0.5, 3.0]
+    # float32 kept 3 distinct values of 1e8 + 3 x (x in [0, 1)), off by up to 4
+    (tmp_path / "t.csv").write_text("".join(f"{i},{1e8 + 3 * i / 1000}\n" for i in range(1000)))
+    _, _, y = read_store(ingest_csv(tmp_path / "t.csv", tmp_path / "t.zarr"))
+    np.testing.assert_array_equal(y, 1e8 + 3 * np.arange(1000) / 1000)
     (tmp_path / "big.csv").write_text("1,3000000000\n2,-1\n3,7\n")
     _, _, y = read_store(ingest_csv(tmp_path / "big.csv", tmp_path / "b.zarr", chunk_rows=2))
     assert y.dtype == np.int64 and y.tolist() == [3000000000, -1, 7]
@@ -499,18 +503,21 @@ def test_serial_ingest_refuses_nan_and_values_beyond_float32_naming_the_row(tmp_
     # written into the store, to stop a fit later
     from dkernel.data.ingest import IngestError, ingest_csv, ingest_npy
 
-    for text, row in (("1,2,0\n3,1e39,1\n", 1), ("1,2,0\n3,4,1\nnan,6,0\n", 2),
-                      ("1,2,0.5\n3,4,1e39\n", 1)):
+    for text, row in (("1,2,0\n3,1e39,1\n", 1), ("1,2,0\n3,4,1\nnan,6,0\n", 2)):
         csv = tmp_path / f"t{row}.csv"
         csv.write_text(text)
         with pytest.raises(IngestError, match=f"NaN or infinity in [Xy] at data row {row}"):
             ingest_csv(csv, tmp_path / f"t{row}.zarr", overwrite=True)
         assert not (tmp_path / f"t{row}.zarr").exists()
-    # whole labels beyond int64 were cast to int64's minimum: float32 keeps them
+    # whole labels beyond int64 were cast to int64's minimum: float64 keeps them
     csv = tmp_path / "huge.csv"
     csv.write_text("1,2,0\n3,4,1e19\n")
     y = zarr.open_group(ingest_csv(csv, tmp_path / "huge.zarr"), mode="r")["y"][:]
-    assert y.dtype == np.float32 and y[1] == np.float32(1e19)
+    assert y.dtype == np.float64 and y[1] == 1e19
+    # and a target of 1e39 is a float64 (it was refused as infinite in float32)
+    csv.write_text("1,2,0.5\n3,4,1e39\n")
+    y = zarr.open_group(ingest_csv(csv, tmp_path / "h39.zarr"), mode="r")["y"][:]
+    assert y.tolist() == [0.5, 1e39]
     X = np.zeros((5, 2))
     X[3, 1] = np.inf
     np.save(tmp_path / "x.npy", X)

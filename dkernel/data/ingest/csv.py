@@ -68,7 +68,8 @@ def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
         dtype of ``X``.
     y_dtype : str or numpy.dtype, default "auto"
         dtype of ``y``; "auto": integer labels stay integers (int32, or int64
-        when they need it), any other target is float32.
+        when they need it), any other target is float64 (float32 would round
+        a target such as 1e8 + x to multiples of 8).
     {store params}
     """
     check_out(out, overwrite)

@@ -31,7 +31,8 @@ class Source:
     y_tail: tuple[int, ...] = ()
     attrs: dict = field(default_factory=dict)
     #: y's dtype is decided once every label is seen: integers if all are
-    #: whole numbers (int32, or int64 if they need it), else float32.
+    #: whole numbers (int32, or int64 if they need it), else float64 (as the
+    #: parallel readers keep it: float32 turned 1e8 + 3 x into 3 distinct values).
     y_auto: bool = False
     #: For progress: the work in ``unit``s (rows, or MB of a text file whose
     #: rows are not known up front) and ``position()``, the units read so far
@@ -111,10 +112,10 @@ def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any,
         raise IngestError(f"{src.attrs.get('source')}: no data rows; nothing to ingest")
     if y is not None and src.y_auto:
         info = np.iinfo(np.int32)
-        final = (np.dtype("float32") if not (whole and -2.0**63 <= lo and hi < 2.0**63) else
+        final = (np.dtype("float64") if not (whole and -2.0**63 <= lo and hi < 2.0**63) else
                  np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
         out = create_array(group, "y", (n, *src.y_tail), final, chunk_rows)
-        for a in range(0, n, chunk_rows):  # float32 makes 1e39 infinite: refused by row
+        for a in range(0, n, chunk_rows):
             out[a:a + chunk_rows] = _finite(y[a:a + chunk_rows], final, a, "y", src)
         del group[y_name]
     group.attrs.update(src.attrs)
