@@ -102,6 +102,10 @@ def test_regression_evaluate_reports_mse(client, tmp_path, capsys):
     # pooled a chunk at a time (Chan et al.): the model's own score, and a line per chunk
     assert result["r2"] == pytest.approx(load_model(model).score(X, y), rel=1e-9)
     assert "evaluate: 3/3 chunks" in err
+    # one row: score() warns and gives NaN; evaluate printed r2 0.0
+    one = write_store(tmp_path / "one.zarr", X[:1], y[:1])
+    _fails(capsys, ["evaluate", model, one], "R^2 is not defined on fewer than two rows, and "
+           "the store has 1")
 
 
 def test_evaluate_predicts_each_row_once(client, monkeypatch):

@@ -696,6 +696,18 @@ def test_cli_fit_kcca_and_transform_both_views(client, tmp_path, capsys):
     corr = model.canonical_correlations(X, Y)
     np.testing.assert_allclose(result["correlations"], corr, rtol=1e-5)
     assert result["sum_correlations"] == pytest.approx(sum(result["correlations"]))
+    # a constant view: the correlations are undefined (score() said NaN after numpy's
+    # "invalid value encountered in divide", and evaluate printed NaN, not JSON)
+    from sklearn.exceptions import UndefinedMetricWarning
+
+    flat = np.ones_like(Y)
+    with pytest.warns(UndefinedMetricWarning, match=r"component\(s\) \[0, 1\] is undefined"):
+        assert np.isnan(model.score(X, flat))
+    constant = write_store(tmp_path / "constant.zarr", X, flat, chunk_rows=500)
+    capsys.readouterr()
+    assert main(["evaluate", out, constant, "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "dkernel: error: the canonical correlations are undefined on this store" in err, err
 
 
 def test_bad_component_input_fails_before_any_work_naming_it(tmp_path):

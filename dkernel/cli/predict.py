@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -114,12 +115,21 @@ def check_scorable(model: Any) -> None:
 def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any]:
     """The model's metrics on dask X and y, predicting each row once; ``progress``
     (on the current client): a line counting the chunks as they finish."""
+    from sklearn.exceptions import UndefinedMetricWarning
+
     from dkernel.engine.progress import chunkwise
     from dkernel.estimators.scoring import r2_from_sums, r2_sums_by_chunk
 
     check_scorable(model)
     if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
-        corr = model.canonical_correlations(X, y)
+        with warnings.catch_warnings():  # refused below, in one line
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            corr = model.canonical_correlations(X, y)
+        flat = np.flatnonzero(~np.isfinite(corr)).tolist()
+        if flat:  # (NaN is not even valid JSON)
+            raise ValueError(f"the canonical correlations are undefined on this store: the "
+                             f"scores of component(s) {flat} are constant on its rows (a "
+                             "constant view, or fewer than 2 rows)")
         return {"sum_correlations": float(np.sum(corr)), "correlations": [float(c) for c in corr]}
     if hasattr(model, "explained_variance_"):  # KernelPCA / StreamingKernelPCA
         Z = model.transform(X)
@@ -145,7 +155,9 @@ def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.
-    ss_res, ss_tot = r2_sums_by_chunk(y, pred, progress)
+    ss_res, ss_tot, rows = r2_sums_by_chunk(y, pred, progress)
+    if rows < 2:  # score() gives NaN with a warning; NaN is not valid JSON
+        raise ValueError(f"R^2 is not defined on fewer than two rows, and the store has {rows}")
     return {"mse": float(ss_res.sum() / max(int(np.prod(pred.shape)), 1)),
             "r2": r2_from_sums(ss_res, ss_tot)}
 

@@ -69,11 +69,12 @@ def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
     return _finite_sums(np.atleast_1d(ss_res), np.atleast_1d(ss_tot))
 
 
-def r2_sums_by_chunk(y: Any, p: Any, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+def r2_sums_by_chunk(y: Any, p: Any, progress: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """:func:`r2_sums` of lazy y and p a row chunk at a time
     (:func:`~dkernel.engine.progress.chunkwise`, a progress line when
-    ``progress``): each chunk's rows, SS_res, and y's mean and sum of squared
-    deviations, pooled as Chan, Golub & LeVeque (1979) do, so y is read once."""
+    ``progress``), and the row count: each chunk's rows, SS_res, and y's mean
+    and sum of squared deviations, pooled as Chan, Golub & LeVeque (1979) do,
+    so y is read once."""
     from dkernel.engine.progress import chunkwise
 
     y = _as_targets(y, p)
@@ -91,7 +92,7 @@ def r2_sums_by_chunk(y: Any, p: Any, progress: bool) -> tuple[np.ndarray, np.nda
     with np.errstate(invalid="ignore", over="ignore"):
         mean = (n * means).sum(axis=0) / max(float(n.sum()), 1.0)
         ss_tot = m2.sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)
-    return _finite_sums(ss_res, ss_tot)
+    return (*_finite_sums(ss_res, ss_tot), int(n.sum()))
 
 
 def _finite_sums(ss_res: np.ndarray, ss_tot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

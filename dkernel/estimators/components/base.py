@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import dask.array as da
@@ -435,7 +436,16 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         if xp is da:
             parts = da.compute(*parts)
         sxy, sxx, syy = (np.asarray(p) for p in parts)
-        return sxy / np.sqrt(sxx * syy)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            corr = sxy / np.sqrt(sxx * syy)
+        flat = np.flatnonzero(~((sxx > 0) & (syy > 0)))
+        if flat.size:  # (numpy's "invalid value encountered in divide" said nothing useful)
+            from sklearn.exceptions import UndefinedMetricWarning
+
+            warnings.warn(f"the correlation of component(s) {flat.tolist()} is undefined (NaN): "
+                          "their x or y scores are constant on these rows (a constant view, or "
+                          "fewer than 2 rows)", UndefinedMetricWarning, stacklevel=2)
+        return corr
 
     def score(self, X: Any, y: Any = None) -> float:
         """Sum of the canonical correlations of the pairs of scores on views (X, y)."""
