@@ -388,3 +388,30 @@ def test_a_worker_timeout_of_zero_refuses_at_once_and_a_bad_one_is_named(monkeyp
         monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "0.5")
         with pytest.raises(RuntimeError, match="no workers for 0.5 s"):
             require_workers(client)
+
+
+def test_a_port_that_is_not_a_scheduler_is_named_within_the_timeout(external):
+    """A port that accepts and never answers held Client() for ever (its timeout
+    does not cover the handshake), and bad addresses gave int() errors."""
+    import socket
+    import time
+
+    from dkernel.engine.cluster import _check_address, _probe_scheduler
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="did not answer as a Dask scheduler within 2 s"):
+            _probe_scheduler(address, None, timeout=2)
+        assert time.monotonic() - start < 10
+    finally:
+        silent.close()
+    _probe_scheduler(external, None, timeout=20)  # a scheduler answers
+    for bad, message in (("tcp://127.0.0.1:notaport", "is not protocol://host:port"),
+                         ("tcp://127.0.0.1", "is not protocol://host:port"),
+                         ("http://127.0.0.1:8787", "http:// is not a protocol Dask speaks")):
+        with pytest.raises(ValueError, match=message):
+            _check_address(bad)

@@ -82,7 +82,13 @@ def test_compose_file_starts_scheduler_dashboard_workers_and_a_fit_from_one_imag
     assert set(services) == {"scheduler", "worker", "job"}
     assert {s["image"] for s in services.values()} == {"dkernel:0.1.0"}
     assert services["scheduler"]["build"]["dockerfile"] == "deploy/Dockerfile"
-    assert "8787:8787" in services["scheduler"]["ports"]  # the dashboard
+    # the dashboard, on this machine only (the stack has no TLS)
+    assert "127.0.0.1:8787:8787" in services["scheduler"]["ports"]
+    job_argv = services["job"]["command"]  # a rerun replaces the model, resuming if cut short
+    assert "--overwrite" in job_argv and "--resume" in job_argv
+    # the build context is the repository root: its .venv and deploy/data stay out of it
+    ignored = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert {".venv", "deploy/data"} <= set(ignored)
     assert services["worker"]["deploy"]["replicas"] >= 2
     assert services["worker"]["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://scheduler:8786"
     roles = {name: _check_image_command(s["command"]) for name, s in services.items()}

@@ -28,7 +28,7 @@ from _cluster import recipe_cluster  # noqa: E402
 from distributed import Client  # noqa: E402
 
 from dkernel.cli import main  # noqa: E402
-from dkernel.data import open_dataset  # noqa: E402
+from dkernel.data import open_dataset, write_store  # noqa: E402
 from dkernel.data.plan import ChunkPlan  # noqa: E402
 from dkernel.datasets import make_store  # noqa: E402
 from dkernel.io import load_model, read_npz  # noqa: E402
@@ -155,6 +155,12 @@ def test_fit_from_s3_on_two_workers_then_predict_to_s3(s3, cluster, s3_store, cs
     stored = zarr.open_group(pred_url, mode="r")["y_pred"][:]
     np.testing.assert_array_equal(stored, model.predict(X))
     assert [k for k in fs.ls(BUCKET) if ".tmp-" in k] == []
+    # outputs in object stores are replaced only with --overwrite
+    argv = ["predict", model_url, s3_store, "--scheduler", address, "--out", pred_url, "--quiet"]
+    assert main(argv) == 1
+    assert main([*argv, "--overwrite"]) == 0
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_store(pred_url, np.zeros((4, 2), np.float32))
     # the model names no credential: it holds the store URL, never keys
     fs.invalidate_cache()
     blob = fs.cat_file(f"{BUCKET}/models/model.npz")
@@ -278,3 +284,12 @@ def test_a_chained_url_is_checked_link_by_link():
     require_protocol("simplecache::memory://bucket/store.zarr")
     with pytest.raises(ValueError, match="no file system for nosuch://"):
         require_protocol("simplecache::nosuch://bucket/store.zarr")
+
+
+def test_an_unwritable_url_output_is_refused_before_any_work(s3, s3_store, capsys):
+    # a missing bucket failed only once the whole fit was done, and the model was lost
+    capsys.readouterr()
+    assert main(["fit", s3_store, *FIT, "--out", "s3://no-such-bucket/m.npz"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dkernel: error: --out 's3://no-such-bucket/m.npz' cannot be written")
+    assert "dsg" not in err  # no fit started: no progress line

@@ -153,6 +153,7 @@ def check_writable(path: str, flag: str) -> None:
     rest being made) takes no file, before any work: a read-only mount or a
     full disk failed only once the fit was done, naming a temporary file."""
     if "://" in path.removeprefix("file://"):
+        _check_writable_url(path, flag)
         return
     folder = os.path.dirname(os.path.abspath(path.removeprefix("file://")))
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
@@ -167,6 +168,31 @@ def check_writable(path: str, flag: str) -> None:
                               f"{e.strerror}); choose another path") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _check_writable_url(url: str, flag: str) -> None:
+    """A URL output takes an object, probed by writing and removing one beside it
+    (a missing bucket failed only once the fit was done); memory:// is refused,
+    since it is gone when the command's process ends."""
+    import posixpath
+    import uuid
+
+    import fsspec
+
+    if url.split("::")[-1].startswith("memory://"):
+        raise ValueError(f"{flag} {url!r}: memory:// holds data only while one process runs, "
+                         "and this command's ends when it is done; write to a path or to an "
+                         "object store such as s3://")
+    fs, root = fsspec.core.url_to_fs(url)
+    probe = posixpath.join(posixpath.dirname(root.rstrip("/")),
+                           f".dkernel-probe-{uuid.uuid4().hex}")
+    try:
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as e:  # (botocore, gcsfs, ...: each has its own types)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PermissionError(f"{flag} {url!r} cannot be written ({reason}); check the bucket "
+                              "and the credentials, or choose another path") from None
 
 
 def _check_model_replaceable(path: str, flag: str) -> None:

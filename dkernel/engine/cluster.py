@@ -45,6 +45,89 @@ def make_security(ca_file: str | None = None, cert: str | None = None,
                     require_encryption=True)
 
 
+#: Seconds to reach a scheduler and hear it answer as one.
+_CONNECT_TIMEOUT = 20.0
+
+
+def _check_address(address: str) -> str:
+    """``address`` if it reads as protocol://host:port; else a one-line error
+    ("invalid literal for int() with base 10" named nothing to change)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    try:
+        protocol, location = parse_address(address, strict=True)
+        if protocol in ("tcp", "tls"):
+            parse_host_port(location)
+    except (ValueError, TypeError):
+        raise ValueError(f"scheduler address {address!r} is not protocol://host:port; pass e.g. "
+                         "tcp://host:8786 (tls:// for a TLS scheduler)") from None
+    if protocol not in backends:
+        raise ValueError(f"scheduler address {address!r}: {protocol}:// is not a protocol Dask "
+                         f"speaks ({', '.join(sorted(backends))}); pass e.g. tcp://host:8786")
+    return address
+
+
+def _unreachable(address: str, exc: BaseException) -> str:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"cannot reach a Dask scheduler at {address!r} ({reason}); start one with "
+            "'dask scheduler' (see deploy/) or omit --scheduler to use a local cluster")
+
+
+def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIMEOUT) -> None:
+    """Connect to ``address`` and ask for its identity, all within ``timeout``:
+    a port that accepts and never answers held ``Client()`` for ever (its
+    timeout does not cover the handshake), and one that answers HTTP made it
+    read the reply as a 3 EiB frame.  Raises ConnectionError, naming what to change."""
+    import asyncio
+    import ssl
+
+    from distributed.comm import connect
+
+    async def probe() -> Any:
+        args = security.get_connection_args("client") if security is not None else {}
+        comm = await connect(address, timeout=timeout, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(probe(), timeout)
+
+    box: dict = {}
+
+    def run() -> None:  # its own loop: the caller may be inside one (a notebook)
+        try:
+            box["reply"] = asyncio.run(bounded())
+        except BaseException as exc:
+            box["error"] = exc
+    thread = threading.Thread(target=run, name="dkernel-scheduler-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 5)
+    exc = box.get("error")
+    if thread.is_alive() or isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        raise ConnectionError(
+            f"{address} did not answer as a Dask scheduler within {timeout:.0f} s; check the "
+            "address (a scheduler listens on 8786 by default, its dashboard on 8787) and that "
+            "no firewall holds the connection")
+    if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
+        raise ConnectionError(
+            f"the TLS handshake with {address} failed ({exc}); check --tls-cert, --tls-key and "
+            "--tls-ca-file (DASK_DISTRIBUTED__COMM__TLS__*): the certificate must match its key "
+            "and be signed by the CA the scheduler trusts")
+    if isinstance(exc, OSError):
+        hint = ("; a scheduler serving TLS needs a tls:// address"
+                if address.startswith("tcp://") and "refused" not in str(exc) else "")
+        raise ConnectionError(_unreachable(address, exc) + hint)
+    if exc is not None or not isinstance(box.get("reply"), dict) or \
+            box["reply"].get("type") != "Scheduler":
+        raise ConnectionError(
+            f"{address} answered, but not as a Dask scheduler; check the port (a scheduler "
+            "listens on 8786 by default; 8787 is its dashboard)")
+
+
 def _check_tls(address: str, security: Any) -> Any:
     """The security to connect to ``address`` with; a one-line error naming the
     missing TLS settings instead of Dask's "TLS expects a `ssl_context` argument"."""
@@ -165,16 +248,12 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:
-        security = _check_tls(address, security)
+        security = _check_tls(_check_address(address), security)
+        _probe_scheduler(address, security)  # Client() itself can wait for ever
         try:
-            c = Client(address, timeout="20s", security=security)
+            c = Client(address, timeout=f"{_CONNECT_TIMEOUT}s", security=security)
         except OSError as exc:
-            hint = ("; a scheduler serving TLS needs a tls:// address"
-                    if address.startswith("tcp://") else "")
-            raise ConnectionError(
-                f"cannot reach a Dask scheduler at {address!r} ({exc}){hint}; start one with "
-                "'dask scheduler' (see deploy/) or omit --scheduler to use a local cluster"
-            ) from None
+            raise ConnectionError(_unreachable(address, exc)) from None
         try:
             require_workers(c)
             check_workers(c, upload=upload_package)
