@@ -86,6 +86,27 @@ def test_a_fit_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fast
         assert time.monotonic() - t0 < 10
 
 
+def test_results_lost_with_every_worker_stop_the_gather_instead_of_waiting_for_ever(
+        fast_watch, monkeypatch):
+    # every worker of an external cluster killed mid-fit: the finished step's
+    # results went with them, distributed rescheduled the keys ("Couldn't gather 2
+    # keys, rescheduling") and the gather waited for ever for a worker to compute them
+    monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
+    monkeypatch.setattr(stall, "_GATHER_SECONDS", 1.0)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        futs = [c.submit(np.add, i, 1, pure=False) for i in range(2)]
+        assert stall.gather(c, futs) == [1, 2]  # a gather of finished results
+        cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while workers_info(c) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="has had no workers for .* DKERNEL_WORKER_TIMEOUT"):
+            stall.gather(c, futs, label="a step")
+        assert time.monotonic() - t0 < 15
+
+
 def test_tasks_waiting_on_one_paused_worker_stop_the_fit_when_the_rest_idle(fast_watch):
     # One of two workers stayed paused with a step's tasks on it, the other
     # idle, and the fit waited for ever: only every worker paused was caught.

@@ -86,8 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     log_handler.setLevel(logging.WARNING)
     log_handler.setFormatter(_OneLineLog())
     logging.getLogger("dkernel").addHandler(log_handler)
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_level = asyncio_log.level
     if not args.debug:  # a printed warning is one line too, without Python's source lines
         warnings.formatwarning = _one_line_warning
+        # a fit stopped after its workers were lost leaves distributed's cancelled
+        # gathers behind: "Task exception was never retrieved", a traceback each
+        asyncio_log.setLevel(logging.CRITICAL)
     try:
         result = args.func(args)
         return int(result or 0)
@@ -106,5 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logging.getLogger("dkernel").removeHandler(log_handler)
         warnings.formatwarning = formatwarning
+        asyncio_log.setLevel(asyncio_level)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

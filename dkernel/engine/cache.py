@@ -91,13 +91,12 @@ def headroom() -> int:
 def budgets(client: Any) -> dict[str, int]:
     """Each worker's :func:`headroom`, asked as a task on it: the worker's memory
     limit is only visible inside a task (``client.run`` runs outside one)."""
-    from dkernel.engine.stall import wait_running
+    from dkernel.engine.stall import gather
 
     workers = sorted(client.nthreads())
     futs = [client.submit(headroom, workers=[w], allow_other_workers=False, pure=False)
             for w in workers]
-    wait_running(client, futs, "the workers' memory query")
-    return dict(zip(workers, client.gather(futs)))
+    return dict(zip(workers, gather(client, futs, "the workers' memory query")))
 
 
 def _evictable(owner: Hashable | None, entry_owner: Hashable | None, now: float,

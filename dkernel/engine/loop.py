@@ -41,7 +41,7 @@ from dkernel.engine.guard import PROBE_ROWS, DivergenceGuard
 from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress, report_epoch, time_budget
 from dkernel.engine.reduce import _CounterTree, _run_partial, _run_step_partial, tree_sum
-from dkernel.engine.stall import scatter, wait_running
+from dkernel.engine.stall import result, scatter, wait_running
 
 
 @dataclass
@@ -531,14 +531,12 @@ class Engine:
                 wait_running(self.client, [pending.pop(0)], label)
             done = start + k + 1
             if ckpt.due(done):
-                wait_running(self.client, [current], label)
-                value = current.result()
+                value = result(self.client, current, label)
                 ckpt.save(value if isinstance(value, dict) else {"state": value}, done)
             progress.update(1)
-        wait_running(self.client, [current], label)
-        result = current.result() if isinstance(current, Future) else current
+        final = result(self.client, current, label) if isinstance(current, Future) else current
         progress.close()
-        return result
+        return final
 
 
 # Times a step is redone after losing a worker before the fit gives up.

@@ -17,7 +17,7 @@ from distributed import Client, Future, get_worker
 from dkernel.backend import align_arrays, aligned
 from dkernel.data.plan import RowSlice
 from dkernel.engine.program import Chunk
-from dkernel.engine.stall import wait_running
+from dkernel.engine.stall import gather, result
 
 
 def _run_partial(fn: Callable, payload: Any, chunk: tuple[Any, Any],
@@ -80,8 +80,7 @@ def tree_sum(client: Client, parts: list[Future]) -> dict:
         parts = [client.submit(_add_all, *parts[i:i + _FAN_IN], pure=False)
                  if len(parts[i:i + _FAN_IN]) > 1 else parts[i]
                  for i in range(0, len(parts), _FAN_IN)]
-    wait_running(client, parts, "a step")
-    return _add_all(*client.gather(parts))
+    return _add_all(*gather(client, parts, "a step"))
 
 
 class _CounterTree:
@@ -113,5 +112,4 @@ class _CounterTree:
         f = self.levels[-1][1]
         for _, g in reversed(self.levels[:-1]):
             f = self.client.submit(_add, g, f, pure=False)
-        wait_running(self.client, [f], label)
-        return f.result()
+        return result(self.client, f, label)

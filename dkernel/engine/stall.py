@@ -31,6 +31,8 @@ _log = logging.getLogger("dkernel.engine")
 
 #: seconds between checks of the workers' status while tasks are pending
 _CHECK_SECONDS = 5.0
+#: seconds a gather of finished results may take before their workers are checked
+_GATHER_SECONDS = 30.0
 #: a worker paused this long is reported (once per wait)
 _WARN_SECONDS = 15.0
 #: every worker paused this long, with no awaited task finishing: give up
@@ -69,10 +71,24 @@ def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit")
         watch.check(len(pending), [f.key for f in pending])
 
 
+def gather(client: Client, futures: list, label: str = "the fit") -> list:
+    """``client.gather(futures)`` after :func:`wait_running`, waiting again when
+    their results are lost with their workers: distributed then recomputes
+    them, and a plain gather waited for ever when no worker was left (all of a
+    fit's workers killed at once: "Couldn't gather 2 keys, rescheduling", then
+    nothing).  Each wait checks the cluster, so an empty one stops the fit."""
+    while True:
+        wait_running(client, futures, label)
+        try:
+            return client.sync(client._gather, futures, callback_timeout=_GATHER_SECONDS)
+        except TimeoutError:
+            if all(f.status == "finished" for f in futures):  # a slow transfer, not a loss
+                return client.gather(futures)
+
+
 def result(client: Client, future: Future, label: str = "the fit") -> Any:
-    """``future.result()`` after :func:`wait_running`."""
-    wait_running(client, [future], label)
-    return future.result()
+    """``future.result()``, as :func:`gather` waits for it."""
+    return gather(client, [future], label)[0]
 
 
 def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) -> Any:
