@@ -16,9 +16,15 @@ prediction as well.
 Prints every configuration's accuracy, wall time and time relative to
 Nystroem(10000)+Ridge, marks the accuracy/time frontier (no other point is
 both faster and more accurate), checks the issue-14 bar (EigenPro defaults
->= 0.904 in <= 0.25x Nystroem(10000)'s time) and draws the frontier as a PNG.
+>= 0.904 in <= 0.25x Nystroem(10000)'s time), prints the results as one JSON
+line (with the command line that made them, ``command``; ``--json PATH``
+also writes it to a file) and then draws the frontier as a PNG.
 
-    python benchmarks/fashion_eigenpro.py --png fashion_eigenpro.png
+    python benchmarks/fashion_eigenpro.py --png fashion_eigenpro.png --json fashion_eigenpro.json
+
+Needs ``pip install 'dkernel[bench]'``: scikit-learn is a core dependency, the
+PNG needs matplotlib (without it the script says so in one line and draws
+nothing; everything else still runs).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import argparse
 import json
 import logging
 import os
+import shlex
+import sys
 import time
 
 from _fashion import fashion_stores, load_arrays
@@ -41,6 +49,11 @@ def frontier(points: list[dict]) -> set[str]:
             best.add(p["name"])
             top = p["accuracy"]
     return best
+
+
+def centers_label(c: int) -> str:
+    """5000 -> '5k', 2500 -> '2.5k', 300 -> '300'."""
+    return f"{c / 1000:g}k" if c >= 1000 else str(c)
 
 
 def draw(points: list[dict], front: set[str], path: str, title: str) -> None:
@@ -81,6 +94,7 @@ def main() -> None:
                    help="scikit-learn Nystroem n_components values")
     p.add_argument("--skip-defaults", action="store_true", help="skip EigenPro with every default")
     p.add_argument("--png", default="fashion_eigenpro.png", help="frontier plot ('' for none)")
+    p.add_argument("--json", default="", help="also write the results' JSON to this file")
     p.add_argument("--rows", type=int, default=0,
                    help="train on the first ROWS rows only, from memory (a quick smoke run)")
     args = p.parse_args()
@@ -100,7 +114,7 @@ def main() -> None:
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         runs = ([("EigenPro defaults", {})] if not args.skip_defaults else []) + [
-            (f"EigenPro {c // 1000}k centers", {"n_centers": c}) for c in args.centers]
+            (f"EigenPro {centers_label(c)} centers", {"n_centers": c}) for c in args.centers]
         for name, extra in runs:
             t0 = time.perf_counter()
             model = EigenProClassifier(kernel="gaussian", bandwidth=args.bandwidth, client=client,
@@ -160,7 +174,8 @@ def main() -> None:
         print(f"{q['name']:<26} {q['accuracy']:8.4f} {q['seconds']:8.1f} {rel} "
               f"{q['n_rows_used']:6d}  {'*' if q['frontier'] else ''}")
     defaults = next((q for q in points if q["name"] == "EigenPro defaults"), None)
-    results: dict = {"points": points, "settings": vars(args), "cpus": os.cpu_count(),
+    results: dict = {"command": shlex.join(["python", *sys.argv]),
+                     "points": points, "settings": vars(args), "cpus": os.cpu_count(),
                      "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     if defaults is not None and peer is not None:
         ok = defaults["accuracy"] >= 0.904 and defaults["time_over_nystroem10000"] <= 0.25
@@ -171,11 +186,22 @@ def main() -> None:
               f"{defaults['accuracy']:.4f}, time {defaults['time_over_nystroem10000']:.2f}x -> "
               f"{'met' if ok else 'NOT met'}")
     print(f"load average (1, 5, 15 min) before {load_before}, after {os.getloadavg()}")
+    # the results first: a missing or failing plotting library must not lose them
+    print(json.dumps(results), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"results: {args.json}")
     if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"no frontier plot ({args.png}): matplotlib is not installed "
+                  "(pip install 'dkernel[bench]')")
+            return
         draw(points, front, args.png, f"Fashion-MNIST, Gaussian kernel bandwidth {args.bandwidth}, "
              f"{os.cpu_count()} cores, load {load_before[0]:.1f}")
         print(f"frontier plot: {args.png}")
-    print(json.dumps(results))
 
 
 if __name__ == "__main__":

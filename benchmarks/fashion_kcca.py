@@ -28,8 +28,9 @@ about as many steps as before.  RFF CCA accumulates its covariances over
 row blocks, so its memory is O(D^2) whatever the number of rows.
 
 All methods share one bandwidth per view (median heuristic).  Correlations and
-times are also printed as ratios against the largest RFF CCA, measured in
-the same run.
+times are also printed as ratios against the RFF CCA of the last
+``--rff-features`` size (8192, the largest, by default), measured in the same
+run.
 
     python benchmarks/fashion_kcca.py
     python benchmarks/fashion_kcca.py --subset 15000 --components 20   # quick look

@@ -6,7 +6,9 @@ LocalCluster's start, reading the zarr store, the fit, the model file and
 the evaluation.  DSG is also timed through the Python API (fit + score on a
 LocalCluster started beforehand), the path the issue's target names.  The
 peers run in memory on the same arrays, after dkernel, on the kernel width
-dkernel resolved (DSG's "auto" bandwidth is read from its model file).
+dkernel resolved: DSG's "auto" bandwidth is the ``bandwidth_`` of the
+Python-API DSG fit (the CLI fit's model file is not read; same data and seed),
+EigenPro's the 5 it is given.
 
     python benchmarks/frontier.py                    # DSG and its peer (~2 min)
     python benchmarks/frontier.py --eigenpro         # + EigenPro vs Nystroem(10000) (~12 min)

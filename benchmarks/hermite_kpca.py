@@ -5,8 +5,10 @@ of the uncentred covariance operator are Hermite functions (dkernel.datasets.her
 Every step draws a fresh data mini-batch (one pass, n = steps * batch) and a
 fresh feature block (pool = steps * block, no revisits), as in the paper.  The
 potential is sin^2 of the largest principal angle between the learned
-functions and the true ones, measured on 5000 held-out points; the script
-fits log sin^2 = a + slope log t over the second half of the decades.
+functions and the true ones, measured on 5000 held-out points at 25
+geometrically spaced steps from t = 4; the script fits
+log sin^2 = a + slope log t over the recorded t >= 2 sqrt(4 T), past the
+transient (t from 128 of the default T = 1024 steps; ``fit_from_t``).
 
     python benchmarks/hermite_kpca.py [--steps 1024]
 """

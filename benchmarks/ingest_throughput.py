@@ -14,6 +14,8 @@ floats barely compress, so the file is about ``--gb`` GB), then times
     store on a LocalCluster of ``--workers`` single-threaded processes
     (started before the clock), including the compressed zarr writes.
 Throughput is the Parquet file's size divided by the seconds.
+
+Needs pyarrow and dask[dataframe]: ``pip install 'dkernel[bench]'`` (or ``[ingest]``).
 """
 
 from __future__ import annotations

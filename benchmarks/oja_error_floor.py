@@ -15,9 +15,14 @@ an O(eta) floor.
 
     python benchmarks/oja_error_floor.py [--n 10000 100000 1000000] [--features 256]
 
-Measured (2 workers on a shared 2-core VM; README has the table): theorem
-8.5e-4 / 9.0e-6 / 4.3e-6, paper 1.9e-3 / 1.7e-6 / 2.6e-6, constant 1.5e-2 /
-7.2e-3 / 8.3e-4 at n = 1e4 / 1e5 / 1e6; about 5 minutes in all.  At 1e6 the
+Every fit passes ``n_passes=1``: since commit f9275e9 ``n_passes="auto"`` streams
+at least 16384 rows (2 passes at n = 1e4), which is not the one-pass stream the
+theorem is about.
+
+Measured at commit 12737fd (2 workers on a shared 2-core VM, before
+``n_passes`` existed, so one pass; docs/guide/components.md has the table):
+theorem 8.5e-4 / 9.0e-6 / 4.3e-6, paper 1.9e-3 / 1.7e-6 / 2.6e-6, constant
+1.5e-2 / 7.2e-3 / 8.3e-4 at n = 1e4 / 1e5 / 1e6; about 5 minutes in all.  At 1e6 the
 theorem's step meets its bias: eta n lambda_1 = 2 log D is fixed, so the start's
 weight on the second eigenvector decays to D^(-4 (1 - lambda_2 / lambda_1)) ~ 1e-6
 whatever n (for this stream lambda_2 / lambda_1 ~ 0.38).
@@ -72,12 +77,13 @@ def main() -> None:
             for name, kw in settings.items():
                 t0 = time.perf_counter()
                 model = StreamingKernelPCA(1, bandwidth=1.0, n_features=args.features,
-                                           block_rows=args.block_rows, client=client, **kw).fit(Xd)
+                                           block_rows=args.block_rows, n_passes=1,
+                                           client=client, **kw).fit(Xd)
                 seconds = time.perf_counter() - t0
                 x_star = top_eigenvector(model, X, kw["center"])
                 err = 1 - float(x_star @ model.components_[:, 0]) ** 2
                 rows.append({"n": n, "setting": name, "eta": model.eta_, "error": err,
-                             "seconds": round(seconds, 1)})
+                             "n_passes": model.n_passes_, "seconds": round(seconds, 1)})
                 print(f"n={n:>8d}  {name:9s} eta={model.eta_:.2e}  1-<x*,u>^2={err:.2e}  "
                       f"{seconds:.1f} s", flush=True)
     print(json.dumps({"features": args.features, "rows": rows}))

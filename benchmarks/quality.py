@@ -16,7 +16,7 @@ References (computed here, in float64, on the same rows):
   1e-8 .. 1 (an exact solve when n <= 3000, else Nystrom with 3000 centers);
   classifiers regress one-hot labels, as EigenPro does, and predict the argmax.
 - kernel PCA (KernelPCA, StreamingKernelPCA): the top eigenvectors of the
-  exact centred kernel matrix (scikit-learn's KernelPCA).
+  exact centred kernel matrix (scipy's ``eigsh`` on it, :func:`exact_kpca`).
 - kernel SVD: the top eigenvectors of Kx Ky (both centred), the values of
   the left singular functions of the cross-covariance operator on the rows.
 - kernel CCA: exact regularised kernel CCA with the same ridge (C + alpha I

@@ -6,7 +6,10 @@ lane per worker, so the time is the client round trip, the scheduling of W
 tasks and the reduction.  With ``--features D`` (default 2048, DSG's and
 EigenPro-RF's default model) each step also carries a real model's traffic:
 theta out to every lane, a gradient back.  Prints per step: ms, scheduler
-tasks, the client's CPU ms and the bytes it sends and receives; then the line
+tasks, the client's CPU ms and the bytes it sends and receives (computed from
+the payload sizes -- theta's bytes a lane out, a gradient a partial the client
+gathers in, benchmarks/throughput.py ``step_overhead`` -- not captured on
+the wire, so serialisation and Dask's own messages are not in them); then the line
 through the widths whose partials the client sums itself (W <= 8; its slope
 is the per-task term of the 10 TB projection) and, for wider steps, what the
 sums on the workers add over that line.
@@ -16,7 +19,8 @@ sums on the workers add over that line.
 
 On a machine with fewer cores than W the idle workers' own event loops share
 the cores with the scheduler and the client: ms a step and the client's CPU
-are then upper bounds (the slope too); tasks and bytes a step are exact.
+are then upper bounds (the slope too); tasks a step are counted exactly, and the
+bytes are computed from the payload sizes, not measured.
 """
 
 from __future__ import annotations

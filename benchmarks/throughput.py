@@ -11,6 +11,12 @@ over the whole fit time, preconditioner and bandwidth included) is printed
 as a percentage of that ceiling, with the held-out R^2 so that speed is
 never bought with a broken model.
 
+By default it then times EigenPro-RF's preconditioner alone on a 1M-row and a
+10M-row store (``--precond-rows``), writing them under ``--data`` if absent
+(the 10M x 32 store is about 1.3 GB of float32 X); ``--precond-rows`` with no
+sizes skips that.  The preconditioner is built as EigenProRegressor builds it
+(:func:`preconditioner_seconds`).
+
     python benchmarks/throughput.py              # 2M x 32 store; 2 workers and 1, two rounds
     python benchmarks/throughput.py --repeat 1             # one timed fit each (quicker, noisier)
     python benchmarks/throughput.py --rows 200000 --workers 2
@@ -210,30 +216,51 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     return out
 
 
-def preconditioner_seconds(client, store: str, n_features: int) -> dict:
-    """EigenPro-RF's preconditioner alone (sample + features + eigensystem), as
-    EigenProRegressor builds it by default: its cost should not grow with n."""
+def preconditioner_seconds(client, store: str, n_features: int, random_state: int = 0) -> dict:
+    """EigenPro-RF's preconditioner alone (sample + bandwidth + features +
+    eigensystem), built as EigenProRegressor(n_features=...) builds it at its
+    defaults (dkernel/estimators/eigenpro/__init__.py ``fit`` and
+    eigenpro/features.py ``FeatureRoute.fit``): one seeded sample of
+    rf_subsample(D) rows, the median-heuristic bandwidth of a subset of it,
+    the estimator's lanes / local_steps / batch cap, its eigenpair count and
+    ``resolved_only=True``.  Its cost should not grow with n.  Returns the
+    bandwidth and q with the seconds, to compare with a fit's ``bandwidth_``
+    and ``q_`` (the same rows and seed give the same numbers)."""
+    import math
+
+    from dkernel import EigenProRegressor
     from dkernel.data import open_dataset
-    from dkernel.engine import Engine
-    from dkernel.estimators.base import sample_rows
-    from dkernel.estimators.eigenpro import _RF_PAIRS, rf_subsample
+    from dkernel.engine import Engine, EngineOptions
+    from dkernel.estimators.base import bandwidth_rows, median_heuristic, sample_rows
+    from dkernel.estimators.eigenpro.features import (
+        _RF_DENSE_MAX,
+        _RF_PAIRS,
+        _RF_PAIRS_RANDOMIZED,
+        rf_subsample,
+    )
     from dkernel.features import FeatureMap
     from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
+    from dkernel.solvers.local_steps import local_steps
 
     data = open_dataset(store)
-    engine = Engine(client)
-    B = 256
-    features = FeatureMap("gaussian", 8.0, data.n_inputs, B)
+    engine = Engine(client, EngineOptions(lanes="auto"))
+    B = min(int(EigenProRegressor().block_size), n_features)  # its default block_size
+    D = -(-n_features // B) * B
     t0 = time.perf_counter()
-    sample = sample_rows(data, 0, client, size=rf_subsample(n_features))
+    sample = sample_rows(data, random_state, client, size=min(data.n_rows, rf_subsample(D)))
+    bandwidth = median_heuristic(bandwidth_rows(sample, random_state), "gaussian")
     t1 = time.perf_counter()
-    pre, _, _ = feature_preconditioner(engine, sample, features, n_features // B,
-                                       min(n_features, _RF_PAIRS),
-                                       default_batch(engine.n_workers(), n_features, data.n_rows),
-                                       0.25, 0)
+    features = FeatureMap("gaussian", bandwidth, data.n_inputs, B, random_state)
+    lanes = engine.pin_lanes(data)
+    max_batch = default_batch(lanes, D, data.n_rows)
+    if local_steps(None, lanes, data.n_rows, max_batch) > 1:
+        max_batch = math.ceil(max_batch / lanes)
+    pairs = _RF_PAIRS if D <= _RF_DENSE_MAX else _RF_PAIRS_RANDOMIZED
+    pre, _, _ = feature_preconditioner(engine, sample, features, D // B, min(D, pairs),
+                                       max_batch, 0.25, random_state, resolved_only=True)
     t2 = time.perf_counter()
     return {"rows": data.n_rows, "sample_seconds": t1 - t0, "eigensystem_seconds": t2 - t1,
-            "seconds": t2 - t0, "q": pre.q}
+            "seconds": t2 - t0, "q": pre.q, "bandwidth": bandwidth}
 
 
 def epoch_model(r: dict, overhead: dict, store: str) -> dict:
@@ -419,7 +446,7 @@ def main() -> None:
                         key=lambda v: v["seconds"])
                 results["preconditioner"].append(r)
                 print(f"EigenPro-RF preconditioner on {rows:,} rows: {r['seconds']:.1f} s "
-                      f"(sample {r['sample_seconds']:.1f} s, "
+                      f"(sample and bandwidth {r['sample_seconds']:.1f} s, "
                       f"eigensystem {r['eigensystem_seconds']:.1f} s, "
                       f"q = {r['q']})", flush=True)
     print(json.dumps(results))

@@ -76,7 +76,8 @@ if __name__ == "__main__":
         peaks = list(client.run(peak_rss).values())
     print(f"store X: {format_bytes(nbytes)}; workers' memory limits: "
           f"{', '.join(format_bytes(m) for m in limits)} (sum {format_bytes(sum(limits))})")
-    print(f"one epoch: {seconds:.1f} s = {rows / seconds:,.0f} rows/s; training loss "
+    print(f"the fit (one epoch, with its sample and preconditioner): {seconds:.1f} s = "
+          f"{rows / seconds:,.0f} rows/s; training loss "
           f"{model.history_[-1]['loss']:.4f}; workers' peak memory "
           f"{', '.join(format_bytes(p) for p in peaks)}")
     check(np.isfinite(model.history_[-1]["loss"]), "the fit's loss is not finite")
