@@ -271,7 +271,13 @@ def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarr
                 loaded = {k: z[k] for k in z.files if k != "__meta__"} if arrays else {}
         except Exception as exc:
             raise ValueError(f"{path!r} is not a dkernel file ({exc})") from None
-    meta = json.loads(blob.tobytes().decode())
+    try:
+        meta = json.loads(blob.tobytes().decode())
+        if not isinstance(meta, dict):
+            raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
+    except ValueError as exc:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        raise ValueError(f"{path!r} is not a dkernel file: its metadata cannot be read "
+                         f"({exc})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a dkernel file (format {meta.get('format')!r})")
     if meta.get("format_version", 0) > FORMAT_VERSION:

@@ -35,6 +35,9 @@ def load_model(path: str | os.PathLike) -> Any:
     arrays, meta = read_npz(path)
     if meta.get("kind") != "model":
         raise ValueError(f"{os.fspath(path)!r} is a {meta.get('kind')}, not a model")
+    if not isinstance(meta.get("estimator"), str) or not isinstance(meta.get("params"), dict):
+        raise ValueError(f"{os.fspath(path)!r} is a model file without its estimator or "
+                         "parameters; write it again with save_model() or dkernel fit")
     cls = estimator_class(meta["estimator"])
     if cls is None:
         wrote = meta.get("versions", {}).get("dkernel", "another version")
@@ -46,8 +49,12 @@ def load_model(path: str | os.PathLike) -> Any:
         raise ValueError(f"{os.fspath(path)!r} sets {', '.join(unknown)}, which this dkernel's "
                          f"{cls.__name__} does not have; load it with the dkernel that wrote "
                          f"it ({wrote})")
-    est = cls(**meta["params"])
-    est._set_model_state(arrays, meta)
+    try:
+        est = cls(**meta["params"])
+        est._set_model_state(arrays, meta)
+    except KeyError as exc:  # a damaged or hand-edited file ("dkernel: error: 'coef'")
+        raise ValueError(f"{os.fspath(path)!r} is not a complete {cls.__name__} model file: it "
+                         f"lacks {exc}; write it again with save_model() or dkernel fit") from None
     if "feature_names_in" in meta:
         est.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     return est

@@ -5,6 +5,7 @@ optional dependency names the extra that brings it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,20 @@ def test_abbreviated_flags_are_refused(store, tmp_path, capsys):
         main(["fit", store, "--feat", "256", "--epoch", "1", "--out", str(tmp_path / "m.npz")])
     assert exc.value.code == 2
     assert "unrecognized arguments: --feat 256 --epoch 1" in capsys.readouterr().err
+
+
+def test_a_damaged_model_file_is_named_in_one_line(tmp_path):
+    # raw JSONDecodeError / KeyError: 'coef' before, naming no file
+    from dkernel.io import load_model
+
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, __meta__=np.frombuffer(b"{not json", dtype=np.uint8))
+    with pytest.raises(ValueError, match="bad.npz' is not a dkernel file: its metadata cannot"):
+        load_model(bad)
+    meta = {"format": "dkernel-npz", "format_version": 1, "kind": "model"}
+    np.savez(bad, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    with pytest.raises(ValueError, match="is a model file without its estimator or parameters"):
+        load_model(bad)
 
 
 def test_a_text_file_given_as_a_model_is_named_without_numpys_pickle_advice(tmp_path, capsys):

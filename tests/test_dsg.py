@@ -64,6 +64,13 @@ def test_dask_input_gives_lazy_predictions_with_the_mean_of_y_in_float64(client)
     p = m.predict(Xd)
     assert isinstance(p, da.Array) and p.dtype == np.float64
     np.testing.assert_allclose(p.compute(), m.predict(X), rtol=1e-5, atol=1e-6)
+    # NumPy float32 y: the same offset as the same rows as a dask array (its mean was
+    # taken in float32: predictions 2e-7 apart, 2e-3 on EigenPro's Nystrom route)
+    y32 = np.asarray(y, dtype=np.float32)
+    here = DSGRegressor(n_features=256, n_epochs=1, client=client).fit(X, y32)
+    lazy = DSGRegressor(n_features=256, n_epochs=1, client=client).fit(
+        Xd, da.from_array(y32, chunks=200))
+    assert here.encoding_.offset == lazy.encoding_.offset
 
 
 def test_model_file_round_trip_predicts_identically(client, tmp_path):

@@ -120,6 +120,17 @@ def test_a_record_point_past_the_last_step_is_refused():
         SphereRegressor(record_at=[100, 5000]).fit(X, y)
 
 
+def test_a_checkpointed_fit_resumes(client, tmp_path):
+    # resume=True read random_state, which SphereRegressor has not: AttributeError
+    X, y, _ = make_sphere_polynomial(400, d=3, degree=3, random_state=3)
+    ckpt = str(tmp_path / "s.ckpt.npz")
+    first = SphereRegressor(theta=0.5, checkpoint=ckpt, checkpoint_every=50,
+                            client=client).fit(X, y)
+    again = SphereRegressor(theta=0.5, checkpoint=ckpt, checkpoint_every=50, resume=True,
+                            client=client).fit(X, y)
+    np.testing.assert_array_equal(again.predict(X), first.predict(X))
+
+
 def test_save_load_roundtrip_and_lazy_predict(client, tmp_path):
     X, y, _ = make_sphere_polynomial(500, d=3, degree=3, random_state=8)
     for form in ("features", "kernel"):

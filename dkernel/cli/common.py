@@ -232,8 +232,8 @@ def emit(args: argparse.Namespace, result: dict[str, Any], text: list[str] | Non
 
 
 def _show(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
+    if isinstance(v, float):  # all its digits: a value copied back must be the same
+        return repr(v)
     if isinstance(v, list) and all(isinstance(x, float) for x in v):
         return " ".join(f"{x:.4g}" for x in v)
     if isinstance(v, (dict, list)):

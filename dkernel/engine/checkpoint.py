@@ -81,8 +81,10 @@ def data_identity(client: Any, data: Any) -> str:
     """A digest of the fit's rows: their shape, dtypes and chunking, and the
     bytes of the first, middle and last chunk of X and y, hashed where they
     are (on a worker for a store or dask input).  A checkpoint of other data
-    (another target, columns swapped, a store rewritten, another fold) is
-    refused; before, a finished checkpoint handed back the other fit's model.
+    (another target, columns swapped, another fold) is refused; before, a
+    finished checkpoint handed back the other fit's model.  Other chunks
+    rewritten in place go unseen (hashing them all is a pass over the store;
+    docs/guide/scale.md says so).
     Content, not names: a dask array rebuilt from ``dask.delayed`` loads, or a
     store copied or mounted elsewhere, is the same data."""
     import hashlib

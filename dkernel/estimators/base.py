@@ -151,7 +151,8 @@ class BaseEstimator(sklearn.base.BaseEstimator):
                     raise ValueError(f"{p.name}={getattr(self, p.name)!r} applies with "
                                      "early_stopping=True; set it, or drop "
                                      f"{p.name}")
-        if getattr(self, "resume", False) and not isinstance(self.random_state, (int, np.integer)):
+        seed = getattr(self, "random_state", 0)  # (SphereRegressor has none: "no attribute")
+        if getattr(self, "resume", False) and not isinstance(seed, (int, np.integer)):
             raise ValueError(
                 f"resume=True needs an integer random_state (the checkpoint's seed), got "
                 f"{self.random_state!r}; pass the random_state_ of the interrupted fit")

@@ -361,4 +361,6 @@ class FeatureEigenProProgram(StepProgram):
                 **({"ridge": self.ridge} if self.ridge > 0 else {}),
                 **({"average_horizon": self.average_horizon} if self.average_horizon else {}),
                 **({"local_steps": self.local_steps, "step_rows": int(self.step_rows)}
-                   if self.rounds else {})}
+                   if self.rounds else {}),
+                # a resume with another step_size was accepted, and recorded it
+                **({"step_size": float(self.eta_override)} if self.eta_override else {})}
