@@ -243,6 +243,17 @@ def test_few_rows_are_streamed_in_several_passes_or_solved_exactly(client):
     np.testing.assert_allclose(auto.explained_variance_, lam[::-1][:2], rtol=1e-6)
 
 
+def test_a_checkpoint_or_block_rows_keeps_few_rows_on_the_stream(client, tmp_path):
+    # the exact solve of few rows accepted a checkpoint and wrote none, and ignored
+    # block_rows: a setting only the stream uses now keeps the stream
+    X = _data(300, 4)
+    ckpt = tmp_path / "o.ckpt.npz"
+    kw = dict(bandwidth=1.5, n_features=256, client=client)
+    kept = StreamingKernelPCA(2, checkpoint=str(ckpt), checkpoint_every=1, **kw).fit(X)
+    assert kept.n_passes_ == 16 and ckpt.exists()
+    assert StreamingKernelPCA(2, block_rows=64, **kw).fit(X).n_passes_ == 16
+
+
 def test_a_step_that_overflows_stops_with_the_setting_to_change(client):
     # the overflow reached numpy's SVD first: "LinAlgError: SVD did not converge"
     X = np.random.default_rng(0).normal(size=(400, 5))

@@ -398,8 +398,9 @@ _STREAMING = (
         the stream noise of Oja's rule falls with the rows it sees
         (benchmarks/quality.py).  With ``step_size="auto"`` too, under 1024
         rows (16 passes short of 16384) the components are solved exactly
-        from every row's features instead (``n_passes_`` 0).  Resolved value:
-        ``n_passes_``.""", "sgd"),
+        from every row's features instead (``n_passes_`` 0), unless a
+        setting only the stream uses is given (``block_rows``, a
+        checkpoint).  Resolved value: ``n_passes_``.""", "sgd"),
     *_RUNTIME)
 
 # DSGOneClassSVM, DSGDensityRatio -------------------------------------------------------

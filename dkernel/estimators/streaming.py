@@ -16,7 +16,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
-from dkernel.estimators.spec import documented
+from dkernel.estimators.spec import documented, params_of
 from dkernel.features import FeatureMap
 from dkernel.solvers import oja
 
@@ -86,7 +86,8 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             B = features.block_size
             auto_passes = min(_MAX_PASSES, max(1, math.ceil(_STREAM_ROWS / data.n_rows)))
             if (self.n_passes == self.step_size == "auto" and len(sample) == data.n_rows
-                    and self.n_components < data.n_rows < _STREAM_ROWS / _MAX_PASSES):
+                    and self.n_components < data.n_rows < _STREAM_ROWS / _MAX_PASSES
+                    and not self._streaming_given()):
                 # 16 passes would stream too few rows to converge (10 rows: the
                 # second eigenvalue 40x too small); every row is in the sample
                 self._fit_exact(features, n_blocks, sample, center, time.perf_counter() - t0)
@@ -115,6 +116,13 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.history_ = [{"epoch": 1, "rows": passes * int(data.n_rows),
                           "seconds": time.perf_counter() - t0, "variance": float(lam.sum())}]
         return self
+
+    def _streaming_given(self) -> list[str]:
+        """Settings only the stream uses, given (the exact solve writes no
+        checkpoint and has no blocks: they were accepted and ignored)."""
+        default = {p.name: p.default for p in params_of(type(self))}
+        return [n for n in ("block_rows", "checkpoint", "checkpoint_every", "resume")
+                if getattr(self, n) != default[n]]
 
     def _fit_exact(self, features: FeatureMap, n_blocks: int, rows: np.ndarray, center: bool,
                    seconds: float) -> None:
