@@ -473,3 +473,11 @@ def test_the_automatic_batch_grows_with_the_lanes_only_while_an_epoch_keeps_8_st
 def test_local_steps_without_the_preconditioner_are_refused():
     with pytest.raises(ValueError, match="local_steps=4 .*preconditioner='eigenpro'"):
         DSGRegressor(local_steps=4, preconditioner=None).fit(np.zeros((10, 2)), np.zeros(10))
+
+
+def test_lanes_above_the_chunks_are_cut_with_a_warning_and_recorded(client):
+    # lanes=4 and lanes=64 gave the same model on 3 chunks without a word
+    X, y = make_dai_ridge(3000, 3)
+    with pytest.warns(UserWarning, match=r"lanes=8 exceeds the data's 3 chunk\(s\)"):
+        m = DSGRegressor(n_features=64, n_epochs=1, lanes=8, client=client).fit(X, y)
+    assert m.lanes_ == 3

@@ -462,6 +462,9 @@ def test_settings_that_do_not_apply_to_the_chosen_route_are_refused(client, tmp_
     # (a warning before: an ignored setting is refused)
     with pytest.raises(ValueError, match="q, batch_size set the SGD iteration.*drop them"):
         EigenProRegressor(n_centers=50, q=5, batch_size=10, n_epochs=2, client=client).fit(X, y)
+    # max_batch=50 and 1000 gave the same model: it caps the automatic q and batch only
+    with pytest.raises(ValueError, match="max_batch=50 caps the automatic q and batch_size"):
+        EigenProRegressor(q=5, batch_size=100, max_batch=50, n_epochs=1).fit(X, y)
     # lanes=1 and lanes=5 gave the same CG solve, bit for bit, and lanes_ None
     with pytest.raises(ValueError, match="lanes set the SGD iteration"):
         EigenProRegressor(n_centers=50, lanes=5, n_epochs=2, client=client).fit(X, y)

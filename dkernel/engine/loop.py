@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, replace
@@ -466,13 +467,20 @@ class Engine:
         lanes = self.n_threads() if lanes == "auto" else int(lanes)
         return max(1, min(lanes, data.n_chunks))
 
-    def pin_lanes(self, data: Dataset, lanes: int | str | None = None) -> int:
+    def pin_lanes(self, data: Dataset, lanes: int | str | None = None,
+                  quiet: bool = False) -> int:
         """Resolve ``lanes`` (default: the options') for ``data`` and keep the
         number in the options, so every later pass of this engine runs at the
-        width the model records as ``lanes_``."""
+        width the model records as ``lanes_``.  A number above the chunks is
+        cut to them with a warning (``quiet``: not the user's number)."""
         if lanes is not None:
             self.options.lanes = lanes
+        asked = self.options.lanes
         self.options.lanes = self.resolve_lanes(data)
+        if not quiet and asked != "auto" and int(asked) > self.options.lanes:  # (was silent)
+            warnings.warn(f"lanes={asked} exceeds the data's {data.n_chunks} chunk(s); a lane "
+                          f"takes whole chunks, so the fit runs {self.options.lanes} lane(s) "
+                          "(lanes_): store smaller chunks for more", UserWarning, stacklevel=3)
         return self.options.lanes
 
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,

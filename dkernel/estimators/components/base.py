@@ -198,6 +198,9 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
                                    label=self._method, center=bool(self.center), seed=fit.seed)
         else:
             program = block_program()
+            if steps is None:  # KernelCCA's lanes, recorded as the others' (lanes_ was missing)
+                self.lanes_ = fit.engine.pin_lanes(fit.data, self.lanes,
+                                                   quiet=not self._changed(("lanes",)))
         program.cache_blocks = fit.feature_cache(len(features) * n_blocks
                                                  * features[0].block_size)
         # these solvers have no loss (the engine's per-epoch sum is an empty 0);
@@ -240,7 +243,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         the rows so that an epoch makes at least 8 power steps (but 16 rows a
         component)."""
         lanes = 4 if self.lanes == "auto" and not power else self.lanes
-        self.lanes_ = engine.pin_lanes(data, lanes)
+        self.lanes_ = engine.pin_lanes(data, lanes, quiet=self.lanes == "auto")
         # power steps: at least 16 rows a component; fewer make the batch
         # covariance lose rank or leave noise in the last components
         floor = min(data.n_rows, 16 * int(self.n_components))
