@@ -329,6 +329,7 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
             "distinct values; use a regressor (--task regression) for continuous targets"
         )
     check_two_classes(classes)
+    warn_many_classes(classes.size, data.n_rows)
     return classes
 
 
@@ -390,28 +391,55 @@ def validate_fit_input(est: Any, X: Any, y: Any = None, *, target: str,
         for attr in ("feature_names_in_", "n_features_in_"):  # from an earlier in-memory fit
             if attr in vars(est):
                 delattr(est, attr)
+        if y is not None and is_in_memory(y) and target == "classification":
+            # labels in memory beside a lazy X are encoded here as beside a NumPy X (text
+            # labels were refused with advice to pass y in memory, which it was)
+            labels, codes = _encode_labels(y)
+            return X, codes, labels
+        if y is not None and is_in_memory(y) and target == "regression" and \
+                np.asarray(y).dtype.kind in "USO":  # (it was told "a classifier takes labels")
+            raise TypeError(f"y holds {np.asarray(y).dtype} values; a regressor needs numeric "
+                            "targets (labels that are not numbers need a classifier)")
         return X, y, None
     X = validate_data(est, X, reset=True, accept_sparse=False, dtype=dtype or _FLOAT_DTYPES,
                       ensure_all_finite=False, ensure_min_samples=2)
     labels = None
     if y is not None and is_in_memory(y):
         if target == "classification":
-            y = column_or_1d(y, warn=True)
-            try:
-                check_classification_targets(y)
-            except ValueError as exc:
-                if "Unknown label type" not in str(exc):
-                    raise
-                raise ValueError(f"{exc}; classification needs discrete labels (use a regressor "
-                                 "for continuous targets)") from None
-            labels, codes = np.unique(y, return_inverse=True)
-            check_two_classes(labels)
-            y = codes.astype(np.int32).reshape(-1)
+            labels, y = _encode_labels(y)
         else:
             y = check_array(y, ensure_2d=False, dtype=_FLOAT_DTYPES if target == "view" else
                             [np.float64, np.float32], ensure_all_finite=False, ensure_min_samples=0,
                             input_name="Y" if target == "view" else "y")
     return X, y, labels
+
+
+def _encode_labels(y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted labels, int32 codes 0..c-1) of in-memory classification targets."""
+    if getattr(getattr(y, "dtype", None), "name", "") == "category":  # pandas: its values
+        y = np.asarray(y)
+    y = column_or_1d(y, warn=True)
+    try:
+        check_classification_targets(y)
+    except ValueError as exc:
+        if "Unknown label type" not in str(exc):
+            raise
+        raise ValueError(f"{exc}; classification needs discrete labels (use a regressor "
+                         "for continuous targets)") from None
+    labels, codes = np.unique(y, return_inverse=True)
+    check_two_classes(labels)
+    warn_many_classes(labels.size, len(y))
+    return labels, codes.astype(np.int32).reshape(-1)
+
+
+def warn_many_classes(n_classes: int, n_rows: int) -> None:
+    """Warn when the labels look like a quantity: whole-number targets (counts,
+    years) were fitted as a classifier of one class per value without a word
+    (149 classes in 1000 rows: accuracy 0.23, where a regressor scored R^2 0.74)."""
+    if n_classes > 50 and n_classes > n_rows / 20:
+        warnings.warn(f"y has {n_classes} classes in {n_rows} rows: if it is a quantity, not a "
+                      "label, fit a regressor (dkernel fit --task regression)", UserWarning,
+                      stacklevel=4)
 
 
 def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = True) -> Any:
