@@ -411,3 +411,21 @@ def test_the_same_rows_rebuilt_under_new_dask_names_resume(client, tmp_path):
     first = DSGRegressor(**kw).fit(X1, y1)
     again = DSGRegressor(resume=True, **kw).fit(X2, y2)
     np.testing.assert_array_equal(again.coef_, first.coef_)
+
+
+def test_a_python_fit_without_resume_says_it_writes_over_a_checkpoint(client, tmp_path):
+    # a rerun without resume replaced an interrupted fit's checkpoint without a word
+    # (the CLI refuses it unless --overwrite is given)
+    import warnings
+
+    from dkernel import DSGRegressor
+    from dkernel.datasets import make_dai_ridge
+
+    X, y = make_dai_ridge(600, 2)
+    kw = dict(n_features=64, n_epochs=1, batch_size=100, checkpoint=str(tmp_path / "c.npz"),
+              checkpoint_every=2, client=client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # none the first time
+        DSGRegressor(**kw).fit(X, y)
+    with pytest.warns(UserWarning, match="c.npz exists and this fit starts over"):
+        DSGRegressor(**kw).fit(X, y)

@@ -143,6 +143,15 @@ class Checkpointer:
             raise OSError(e.errno, f"checkpoint {self.path!r} could not be written: "
                                    f"{e.strerror or e}; the previous one is kept") from e
 
+    def starting_over(self) -> None:
+        """Warn that a fit without ``resume`` will write over an existing
+        checkpoint: an interrupted fit's progress went without a word (the
+        command line refuses it unless --overwrite is given)."""
+        if self.path is not None and self.every > 0 and file_exists(self.path):
+            warnings.warn(f"checkpoint {self.path} exists and this fit starts over (resume=False): "
+                          "its checkpoints replace it; pass resume=True to continue the fit it "
+                          "holds", UserWarning, stacklevel=4)
+
     def resume(self) -> tuple[dict[str, Any], int] | None:
         """:meth:`load`, with a warning where there is nothing to load: a
         mistyped path restarted a long fit without a word."""

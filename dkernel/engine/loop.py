@@ -176,6 +176,8 @@ class Engine:
         resumed_epoch: dict | None = None
         guard = DivergenceGuard(program, batch_size=plan.batch_size)
         history: list[dict[str, Any]] = []
+        if not opts.resume:
+            ckpt.starting_over()
         if opts.resume:
             loaded = ckpt.resume()
             if loaded is not None:
@@ -513,6 +515,8 @@ class Engine:
                              "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,
                              "shuffle": shuffle, "random_state": int(random_state), "scan": label})
         start = 0
+        if not opts.resume:
+            ckpt.starting_over()
         if opts.resume:
             loaded = ckpt.resume()
             if loaded is not None:
