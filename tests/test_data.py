@@ -166,3 +166,20 @@ def test_write_store_checks_what_it_writes(tmp_path):
         with pytest.raises(error, match=match):
             write_store(tmp_path / "bad.zarr", Xa, ya, **kw)
         assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_an_object_store_a_worker_cannot_read_is_named_with_the_fix():
+    # a worker without the store's credentials said only "Unable to locate credentials"
+    from dkernel.data.dataset import StoreArrays, read_store_rows
+
+    class Unreadable:  # an s3:// array as a worker without AWS_* sees it
+        store = None
+
+        def __getitem__(self, key):
+            raise RuntimeError("Unable to locate credentials")
+
+    store = StoreArrays(Unreadable(), None, None, "s3://bucket/train.zarr")
+    with pytest.raises(OSError, match=r"cannot read rows 0:10 of s3://bucket/train.zarr "
+                                      r"\(RuntimeError: Unable to locate credentials\); every "
+                                      "worker needs the store's credentials"):
+        read_store_rows(store, 0, 10)

@@ -34,6 +34,8 @@ class StoreArrays:
     y: Any | None
     #: the local folder every worker must see (None for URLs such as s3://)
     root: str | None
+    #: the store's path or URL, for messages
+    url: str = ""
 
 
 @dataclass
@@ -190,11 +192,32 @@ def read_store_rows(store: StoreArrays, start: int, stop: int,
     memory = memory_root(store.X.store)
     if memory is not None:
         check_memory_visible(None, memory)
-    X = np.asarray(store.X[start:stop])
-    y = None if store.y is None else np.asarray(store.y[start:stop])
+    try:
+        X = np.asarray(store.X[start:stop])
+        y = None if store.y is None else np.asarray(store.y[start:stop])
+    except Exception as exc:
+        if store.root is not None or memory is not None:
+            raise
+        # an object store's error on a worker came as bare text ("Unable to locate
+        # credentials", "Forbidden"), naming neither the worker nor the store
+        raise OSError(f"a worker ({_worker_name()}) cannot read rows {start}:{stop} of "
+                      f"{store.url} ({type(exc).__name__}: {exc}); every worker needs the "
+                      "store's credentials and endpoint (e.g. AWS_* in each worker's "
+                      "environment) and network access to it") from None
     if rows is not None:
         X, y = X[rows], None if y is None else y[rows]
     return X, y
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        import socket
+
+        return socket.gethostname()
 
 
 def _check_store_visible(block: Any, root: str) -> Any:
@@ -271,7 +294,8 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
         if y is None:
             local = "://" not in source or source.startswith("file://")
             store = StoreArrays(group["X"], group["y"] if "y" in group else None,
-                                os.path.abspath(source.removeprefix("file://")) if local else None)
+                                os.path.abspath(source.removeprefix("file://")) if local else None,
+                                source)
             if "y" in group:
                 y = _visible_on_workers(_from_store(group, "y", source, storage_options), source)
         X = Xa
