@@ -500,6 +500,9 @@ def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):
         (["--validation-fraction", "0.3"], "--validation-fraction applies with --early-stopping"),
         (["--solver", "eigenpro", "--n-iter-no-change", "5"],
          "--n-iter-no-change applies with --early-stopping"),
+        # an alias and its name: the last one won without a word
+        (["--n-features", "256", "--features", "512"],
+         "--n-features and --features both set n_features; give it once"),
         # a negative --theta was read as "none" (plain kernel SGD)
         (["--solver", "sphere", "--task", "regression", "--theta", "-1"],
          "theta must be None or in (0, 1], got -1.0"),
@@ -630,3 +633,11 @@ def test_a_warning_is_one_line_on_stderr(labelled, tmp_path):
     assert line.startswith("dkernel: warning: FitQualityWarning: dsg: every update was undone")
     # (not ".py:" anywhere: a process's shutdown may print Python's own warnings)
     assert "warnings.warn" not in proc.stderr and "guard.py:" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--rows", "0"), ("--epochs", "0"), ("--features", "-1")])
+def test_demo_checks_its_flags_before_writing_anything(tmp_path, capsys, flag, value):
+    # --epochs 0 was refused once both stores were written; --rows 0 left an empty folder
+    out = tmp_path / "demo"
+    _fails(capsys, ["demo", "--out", str(out), flag, value], f"{flag} must be at least")
+    assert not out.exists()

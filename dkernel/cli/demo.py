@@ -35,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.datasets import make_store
 
+    # checked before anything is written (--epochs 0 was refused once both stores
+    # were, naming n_epochs; --rows 0 left an empty folder)
+    for flag, value, least in (("--rows", args.rows, 16), ("--features", args.features, 1),
+                               ("--epochs", args.epochs, 1)):
+        if value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
     train, test = os.path.join(args.out, "train.zarr"), os.path.join(args.out, "test.zarr")
     model_path = os.path.join(args.out, "model.npz")
     for path in (train, test, model_path):

@@ -58,6 +58,10 @@ def parameters(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     takes = set(spec) | ({"y_view"} if args.solver in ("kcca", "ksvd") else set()) \
         | ({"task"} if args.solver in _TASKS else set())
     argv = [w.split("=")[0] for w in getattr(args, "argv", None) or ()]
+    for d in given:  # an alias and its name both given: the last one won without a word
+        typed = list(dict.fromkeys(w for w in argv if w in args.solver_options[d]))
+        if len(typed) > 1:
+            raise ValueError(f"{' and '.join(typed)} both set {d}; give it once")
     unused = sorted((_typed_flag(args, d) for d in given if d not in takes),
                     key=lambda f: argv.index(f) if f in argv else len(argv))
     other = {p.name for n in SOLVERS[args.solver] for p in params_of(n)} - set(spec)
