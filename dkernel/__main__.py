@@ -1,6 +1,4 @@
-import sys
-
-from dkernel.cli import main
+from dkernel.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

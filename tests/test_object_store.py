@@ -293,3 +293,16 @@ def test_an_unwritable_url_output_is_refused_before_any_work(s3, s3_store, capsy
     err = capsys.readouterr().err
     assert err.startswith("dkernel: error: --out 's3://no-such-bucket/m.npz' cannot be written")
     assert "dsg" not in err  # no fit started: no progress line
+
+
+def test_an_unreachable_endpoint_is_one_line_naming_the_fix(tmp_path):
+    # the right error, then ~100 lines of "Exception ignored in: <coroutine
+    # FsspecStore.get>" from the process's exit; and the advice was "a store is a
+    # zarr group holding arrays 'X'", whatever the failure
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"}
+    proc = subprocess.run([sys.executable, "-m", "dkernel", "info", f"s3://{BUCKET}/none.zarr"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "check the endpoint and the network (e.g. AWS_ENDPOINT_URL)" in proc.stderr

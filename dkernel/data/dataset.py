@@ -92,7 +92,21 @@ def _open_zarr_group(url: str, storage_options: dict | None):
     except Exception as exc:  # zarr raises several types for "not a group here"
         raise FileNotFoundError(
             f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
-            "a store is a zarr group holding arrays 'X' and optionally 'y'") from None
+            f"{_open_remedy(exc)}") from None
+
+
+def _open_remedy(exc: BaseException) -> str:
+    """What to change when a store cannot be opened: every failure was told
+    "a store is a zarr group...", wrong credentials and a missing bucket too."""
+    kind, text = type(exc).__name__, str(exc).lower()
+    if isinstance(exc, PermissionError) or "credential" in kind.lower() or \
+            "forbidden" in text or "access denied" in text:
+        return "check the credentials (e.g. AWS_* in the environment, or storage_options)"
+    if "endpoint" in kind.lower() or "could not connect" in text or "connection" in kind.lower():
+        return "check the endpoint and the network (e.g. AWS_ENDPOINT_URL)"
+    if "bucket" in text:
+        return "check the bucket's name"
+    return "a store is a zarr group holding arrays 'X' and optionally 'y'"
 
 
 #: The fields of a file's record that change when it is rewritten (local, S3,
