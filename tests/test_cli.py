@@ -460,7 +460,7 @@ def test_memory_outputs_are_refused_by_the_command_line(labelled, capsys):
     for argv in (["predict", labelled["model"], labelled["train"], "--out",
                   "memory://dkernel-test/pred.zarr"],
                  ["fit", labelled["train"], "--out", "memory://m.npz"]):
-        _fails(capsys, argv, "memory:// holds data only while one process runs")
+        _fails(capsys, argv, "memory:// holds data only in the process that writes it")
 
 
 def test_info_describes_folders_of_stores_and_checkpoints(tmp_path, capsys):

@@ -740,7 +740,7 @@ def test_bad_component_input_fails_before_any_work_naming_it(tmp_path):
     # a labelled store's y is a label column, not a view: refused before any cluster starts
     labelled = write_store(tmp_path / "labelled.zarr", X, (X[:, 0] > 0).astype(np.int64))
     for est in (KernelCCA(2), KernelSVD(2)):
-        with pytest.raises(ValueError, match="1-D: a label column, not a view"):
+        with pytest.raises(ValueError, match="1-D integers: a label column, not a view"):
             est.fit(labelled)
     bad = X.copy()
     bad[7, 1] = np.nan

@@ -45,3 +45,33 @@ def test_disabled_progress_prints_nothing():
         p.update(1)
     p.close()
     assert out.getvalue() == ""
+
+
+def test_the_end_is_printed_once_and_no_work_prints_nothing():
+    # an ingest's positions reach the total before its last chunks are written:
+    # each printed the "done" line again
+    out = io.StringIO()
+    bar = Progress(3, "ingest", True, stream=out, unit="MB")
+    bar.update(0)
+    assert out.getvalue() == ""
+    bar.update(3)
+    bar.update(0)
+    bar.update(0)
+    assert out.getvalue().count("ingest: 3/3 MB") == 1
+
+
+def test_evaluate_pools_r2_about_the_training_mean_without_losing_digits():
+    # each chunk's mean of 1e12 + x carried rounding in proportion to 1e12: SS_tot
+    # 2e-6 off (the old reduction centred every row on one mean)
+    import dask.array as da
+    import numpy as np
+
+    from dkernel.estimators.scoring import r2_sums_by_chunk
+
+    x = np.random.default_rng(0).normal(size=1000)
+    y, p = 1e12 + x, 1e12 + 0.9 * x
+    stored = y - 1e12  # (exact: y holds x to 1e12's float64 spacing)
+    exact = ((stored - stored.mean()) ** 2).sum()
+    yd, pd_ = da.from_array(y, chunks=64), da.from_array(p, chunks=64)
+    _, ss_tot, rows = r2_sums_by_chunk(yd, pd_, False, shift=1e12)
+    assert rows == 1000 and abs(ss_tot[0] - exact) / exact < 1e-9

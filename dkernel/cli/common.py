@@ -177,13 +177,13 @@ def _check_writable_url(url: str, flag: str) -> None:
     import posixpath
     import uuid
 
-    import fsspec
+    from dkernel.files import url_fs
 
     if url.split("::")[-1].startswith("memory://"):
-        raise ValueError(f"{flag} {url!r}: memory:// holds data only while one process runs, "
-                         "and this command's ends when it is done; write to a path or to an "
-                         "object store such as s3://")
-    fs, root = fsspec.core.url_to_fs(url)
+        raise ValueError(f"{flag} {url!r}: memory:// holds data only in the process that "
+                         "writes it, and a command's output must outlive the command; write "
+                         "to a path or to an object store such as s3://")
+    fs, root = url_fs(url)
     probe = posixpath.join(posixpath.dirname(root.rstrip("/")),
                            f".dkernel-probe-{uuid.uuid4().hex}")
     try:

@@ -112,6 +112,15 @@ def check_scorable(model: Any) -> None:
                          f"({_python_only(model)})")
 
 
+def _moments(z: np.ndarray) -> np.ndarray:
+    """A chunk's rows, mean and sum of squared deviations (zeros for no rows: an
+    empty chunk's NaN mean made the explained variance NaN)."""
+    z = z.astype(np.float64)
+    if not len(z):
+        return np.zeros(1 + 2 * z.shape[1])
+    return np.concatenate([[len(z)], z.mean(axis=0), z.var(axis=0) * len(z)])
+
+
 def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any]:
     """The model's metrics on dask X and y, predicting each row once; ``progress``
     (on the current client): a line counting the chunks as they finish."""
@@ -135,9 +144,7 @@ def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any
         Z = model.transform(X)
         k = int(Z.shape[1])
         # each chunk's mean and squared deviations, pooled (Chan et al.), as r2_sums_by_chunk
-        parts = chunkwise(lambda z: np.concatenate([[len(z)], z.astype(np.float64).mean(axis=0),
-                                                    z.astype(np.float64).var(axis=0) * len(z)]),
-                          [Z], 1 + 2 * k, "evaluate", progress)
+        parts = chunkwise(_moments, [Z], 1 + 2 * k, "evaluate", progress)
         n, means = parts[:, :1], parts[:, 1:1 + k]
         mean = (n * means).sum(axis=0) / n.sum()
         var = (parts[:, 1 + k:].sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)) / n.sum()
@@ -155,7 +162,8 @@ def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any
     # the model's own score (R^2 averaged over outputs, as scikit-learn's), which
     # refuses a y holding NaN: a NaN would not even be valid JSON.  The MSE comes
     # from the same sums: a second reduction would predict every row again.
-    ss_res, ss_tot, rows = r2_sums_by_chunk(y, pred, progress)
+    offset = getattr(getattr(model, "encoding_", None), "offset", None)  # the training mean
+    ss_res, ss_tot, rows = r2_sums_by_chunk(y, pred, progress, 0.0 if not offset else offset)
     if rows < 2:  # score() gives NaN with a warning; NaN is not valid JSON
         raise ValueError(f"R^2 is not defined on fewer than two rows, and the store has {rows}")
     return {"mse": float(ss_res.sum() / max(int(np.prod(pred.shape)), 1)),

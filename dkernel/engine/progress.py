@@ -33,16 +33,20 @@ class Progress:
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._next_tenth = self._tenth(start) + 1
         self._width = 0
+        self._ended = False
 
     def _tenth(self, done: int) -> int:
         return (10 * done) // max(self.total, 1)
 
     def update(self, n: int = 1, **metrics: float) -> None:
         self.done += n
-        if not self.enabled:
+        if not self.enabled or (n == 0 and not metrics):
             return
         now = time.perf_counter()
         finished = self.done >= self.total
+        if finished and self._ended:  # (an ingest's last chunks repeated the "done" line)
+            return
+        self._ended = finished
         if self._tty:
             if now - self._last < self.interval and not finished:
                 return

@@ -69,21 +69,28 @@ def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
     return _finite_sums(np.atleast_1d(ss_res), np.atleast_1d(ss_tot))
 
 
-def r2_sums_by_chunk(y: Any, p: Any, progress: bool) -> tuple[np.ndarray, np.ndarray, int]:
+def r2_sums_by_chunk(y: Any, p: Any, progress: bool,
+                     shift: Any = 0.0) -> tuple[np.ndarray, np.ndarray, int]:
     """:func:`r2_sums` of lazy y and p a row chunk at a time
     (:func:`~dkernel.engine.progress.chunkwise`, a progress line when
     ``progress``), and the row count: each chunk's rows, SS_res, and y's mean
     and sum of squared deviations, pooled as Chan, Golub & LeVeque (1979) do,
-    so y is read once."""
+    so y is read once.  ``shift``, a value near y's mean (the model's training
+    mean), is taken off y first: each chunk's mean carries rounding in
+    proportion to y's offset (1e12 + x: SS_tot 2e-6 off without it)."""
     from dkernel.engine.progress import chunkwise
 
     y = _as_targets(y, p)
     k = 1 if p.ndim == 1 else int(p.shape[1])
 
+    shift = np.asarray(shift, dtype=np.float64).reshape(-1)
+
     def partial(yb: np.ndarray, pb: np.ndarray) -> np.ndarray:
         yb, pb = yb.astype(np.float64), pb.astype(np.float64)
+        pb = pb - yb  # the residuals, before y is shifted
+        yb = yb - shift
         mean = yb.mean(axis=0) if len(yb) else np.zeros(k)
-        return np.concatenate([[len(yb)], ((yb - pb) ** 2).sum(axis=0), mean,
+        return np.concatenate([[len(yb)], (pb ** 2).sum(axis=0), mean,
                                ((yb - mean) ** 2).sum(axis=0)])
 
     parts = chunkwise(partial, [y, p], 1 + 3 * k, "evaluate", progress)

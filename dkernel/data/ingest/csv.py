@@ -143,7 +143,8 @@ def _csv_source(path: PathLike, target: int | str | None, header: bool | None,
     size = max(1, os.path.getsize(path))
     return Source(n_cols - (t is not None), blocks, None if t is None else y_dtype, (), attrs,
                   total=-(-size // 2**20), unit="MB",
-                  position=lambda: -(-min(read[0](), size) // 2**20))
+                  position=lambda: min(read[0](), size) // 2**20 if read[0]() < size
+                  else -(-size // 2**20))
 
 
 def _first_row(path: str, header: bool | None,

@@ -301,7 +301,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
     read = [0]  # bytes of the file read (a gzip is one range: read at its end)
     return Source(n_features, blocks, y_dtype, (), {"source": path, "format": "libsvm"},
                   total=-(-size // 2**20), unit="MB",
-                  position=lambda: -(-min(read[0], size) // 2**20))
+                  position=lambda: read[0] // 2**20 if read[0] < size else -(-size // 2**20))
 
 
 def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,

@@ -76,6 +76,16 @@ def _finite(block: np.ndarray, dtype: Any, start: int, name: str, src: Source) -
     return cast_finite(block, dtype, refuse)
 
 
+def _trainable(y: np.ndarray, start: int, src: Source) -> None:
+    """Refuse a target beyond float32's range: stored as float64 it would pass,
+    and the fit (float32 targets) stop with "diverged at step 0"."""
+    big = np.flatnonzero(np.abs(y.reshape(len(y), -1)).max(axis=1) > np.finfo(np.float32).max)
+    if big.size:
+        raise IngestError(f"{src.attrs.get('source')}: y at data row {start + int(big[0])} is "
+                          "beyond float32's range, which fits compute in; rescale the target "
+                          "before ingesting")
+
+
 def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any,
                   bar: Any = None) -> int:
     """Append the source's blocks to growing X / y arrays; returns the row count."""
@@ -116,7 +126,10 @@ def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any,
                  np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
         out = create_array(group, "y", (n, *src.y_tail), final, chunk_rows)
         for a in range(0, n, chunk_rows):
-            out[a:a + chunk_rows] = _finite(y[a:a + chunk_rows], final, a, "y", src)
+            block = _finite(y[a:a + chunk_rows], final, a, "y", src)
+            if final.kind == "f":
+                _trainable(block, a, src)
+            out[a:a + chunk_rows] = block
         del group[y_name]
     group.attrs.update(src.attrs)
     return n

@@ -337,11 +337,12 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                 "array 'y' holds the second view")
         fit = FitContext(self, X, y, target="view")
         self._check_rows(fit.data.n_rows)  # before the cluster starts
-        if y is None and fit.data.y is not None and fit.data.y.ndim == 1:
+        if y is None and fit.data.y is not None and fit.data.y.ndim == 1 and \
+                fit.data.y.dtype.kind in "iub":  # (a 1-D float y may be a one-column view)
             raise ValueError(
                 f"{type(self).__name__} takes the second view from the store's array 'y', but "
-                f"{X}'s y is 1-D: a label column, not a view; write the view as a 2-D y "
-                "(n x d_y) or pass it, fit(X, Y)")
+                f"{X}'s y is 1-D integers: a label column, not a view; write the view as a 2-D "
+                "y (n x d_y) or pass it, fit(X, Y)")
         with fit:
             data = fit.data
             steps = None
