@@ -244,6 +244,15 @@ def test_jobqueue_job_script_has_dkernels_worker_settings(system, directive, tmp
     # once: dask-jobqueue writes its own --death-timeout (60) unless told the value
     assert worker_line.count("--death-timeout") == 1 and "--death-timeout 120" in worker_line
     assert "normal" in script and "proj" in script
+    # dkernel's glibc settings, as its own workers and the image have them
+    assert "export MALLOC_TRIM_THRESHOLD_=67108864" in script
+
+
+def test_jobqueue_recipe_checks_the_store_before_submitting_jobs(tmp_path, capsys):
+    recipe = _jobqueue_recipe()
+    with pytest.raises(SystemExit):
+        recipe.main([str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "m.npz")])
+    assert "missing.zarr" in capsys.readouterr().err
 
 
 def test_jobqueue_recipe_prints_its_job_script_without_a_batch_system(capsys):

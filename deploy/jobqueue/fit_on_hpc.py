@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 SYSTEMS = ("slurm", "pbs")
@@ -42,6 +43,12 @@ def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4G
         raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {system!r}")
     cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster}[system]
     kwargs.setdefault("scheduler_options", {"dashboard_address": ":8787"})
+    # glibc settings of dkernel's own workers (dkernel.engine.cluster.WORKER_MALLOC):
+    # Dask's 64 KiB trim threshold makes every chunk-sized buffer fault in fresh pages
+    from dkernel.engine.cluster import WORKER_MALLOC
+
+    kwargs.setdefault("job_script_prologue",
+                      [f"export {name}={value}" for name, value in WORKER_MALLOC.items()])
     return cls(
         cores=processes,          # = processes: one thread per worker process
         processes=processes,
@@ -80,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--print-job-script", action="store_true",
                    help="print a worker job's batch script and exit")
     args = p.parse_args(argv)
+    if not args.print_job_script:  # before any job is submitted
+        if not args.store or not args.out:
+            p.error("give STORE and --out (or --print-job-script)")
+        from dkernel.data import open_dataset
+
+        try:
+            open_dataset(args.store)
+        except (OSError, ValueError) as exc:
+            p.error(str(exc))
     cluster = make_cluster(args.system, processes=args.processes, memory=args.memory,
                            local_directory=args.local_directory, queue=args.queue,
                            account=args.account, walltime=args.walltime,
@@ -88,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_job_script:
             print(cluster.job_script())
             return 0
-        if not args.store or not args.out:
-            p.error("give STORE and --out (or --print-job-script)")
         from distributed import Client
 
         from dkernel.cli import main as dkernel
@@ -97,9 +111,28 @@ def main(argv: list[str] | None = None) -> int:
         cluster.scale(jobs=args.jobs)
         with Client(cluster) as client:
             # the fit starts once the first jobs run; more workers join as they start
-            client.wait_for_workers(args.processes, timeout=3600)
+            _wait_for_workers(client, args.processes, args.jobs * args.processes)
             return dkernel(["fit", args.store, "--scheduler", cluster.scheduler_address,
                             "--out", args.out, *fit_args])
+
+
+def _wait_for_workers(client: Any, least: int, wanted: int, timeout: float = 3600.0,
+                      every: float = 30.0) -> None:
+    """Wait for ``least`` workers, saying every ``every`` seconds how many run
+    (batch jobs can queue for an hour: the wait said nothing)."""
+    start = time.monotonic()
+    while True:
+        try:
+            client.wait_for_workers(least, timeout=every)
+            return
+        except TimeoutError:
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise TimeoutError(f"{least} worker(s) did not start in {timeout:.0f} s; check "
+                                   "the batch queue (squeue / qstat)") from None
+            running = len(client.scheduler_info(n_workers=-1)["workers"])
+            print(f"fit_on_hpc: waiting for the batch jobs: {running} of {wanted} worker(s) "
+                  f"after {waited:.0f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
