@@ -123,10 +123,11 @@ def test_a_record_point_past_the_last_step_is_refused():
 def test_a_checkpointed_fit_resumes(client, tmp_path):
     # resume=True read random_state, which SphereRegressor has not: AttributeError
     X, y, _ = make_sphere_polynomial(400, d=3, degree=3, random_state=3)
-    ckpt = str(tmp_path / "s.ckpt.npz")
-    first = SphereRegressor(theta=0.5, checkpoint=ckpt, checkpoint_every=50,
+    ckpt = tmp_path / "s.ckpt.npz"
+    first = SphereRegressor(theta=0.5, checkpoint=str(ckpt), checkpoint_every=1,
                             client=client).fit(X, y)
-    again = SphereRegressor(theta=0.5, checkpoint=ckpt, checkpoint_every=50, resume=True,
+    assert ckpt.exists()  # (its last step: the resumed fit replays nothing)
+    again = SphereRegressor(theta=0.5, checkpoint=str(ckpt), checkpoint_every=1, resume=True,
                             client=client).fit(X, y)
     np.testing.assert_array_equal(again.predict(X), first.predict(X))
 

@@ -107,6 +107,18 @@ def test_results_lost_with_every_worker_stop_the_gather_instead_of_waiting_for_e
         assert time.monotonic() - t0 < 15
 
 
+def _times_out():
+    raise TimeoutError("a socket's own timeout")
+
+
+def test_a_task_that_raises_timeout_error_raises_it_instead_of_a_retry_for_ever(client):
+    # the gather's own time limit caught the task's TimeoutError and waited again, for ever
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="a socket's own timeout"):
+        stall.result(client, client.submit(_times_out, pure=False))
+    assert time.monotonic() - t0 < 20
+
+
 def test_tasks_waiting_on_one_paused_worker_stop_the_fit_when_the_rest_idle(fast_watch):
     # One of two workers stayed paused with a step's tasks on it, the other
     # idle, and the fit waited for ever: only every worker paused was caught.

@@ -71,6 +71,23 @@ class _OneLineLog(logging.Formatter):
         return f"dkernel: {record.levelname.lower()}: {text[0] if text else ''}"
 
 
+def _only_critical(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.CRITICAL
+
+
+def _scheduler_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is distributed's word that the scheduler went away
+    mid-command (it said "Timed out trying to connect", and nothing of why)."""
+    from distributed.comm.core import CommClosedError
+
+    from dkernel.engine.cluster import SchedulerUnreachable
+
+    if isinstance(exc, SchedulerUnreachable):  # never reached: not lost
+        return False
+    return isinstance(exc, CommClosedError) or (
+        isinstance(exc, OSError) and "Timed out trying to connect" in str(exc))
+
+
 def entry() -> None:
     """The ``dkernel`` program: :func:`main`, and a process that says nothing of
     what it cannot clean up at exit (without --debug): an unreachable object
@@ -96,13 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     log_handler.setLevel(logging.WARNING)
     log_handler.setFormatter(_OneLineLog())
     logging.getLogger("dkernel").addHandler(log_handler)
-    asyncio_log = logging.getLogger("asyncio")
-    asyncio_level = asyncio_log.level
+    # a fit stopped after its workers were lost leaves distributed's cancelled
+    # gathers behind ("Task exception was never retrieved", a traceback each), and
+    # a lost scheduler has distributed's client log a 30-line traceback before the
+    # command's own one-line error; --debug keeps both
+    # (a filter, not a level: importing distributed sets its loggers' levels)
+    quieted = [logging.getLogger(name) for name in ("asyncio", "distributed.client")]
     if not args.debug:  # a printed warning is one line too, without Python's source lines
         warnings.formatwarning = _one_line_warning
-        # a fit stopped after its workers were lost leaves distributed's cancelled
-        # gathers behind: "Task exception was never retrieved", a traceback each
-        asyncio_log.setLevel(logging.CRITICAL)
+        for log in quieted:
+            log.addFilter(_only_critical)
     try:
         result = args.func(args)
         return int(result or 0)
@@ -116,11 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if getattr(args, "scheduler", None) and _scheduler_lost(exc):
+            msg = (f"the Dask scheduler at {args.scheduler} was lost during the command ({msg}); "
+                   "restart it and run the command again (a fit with --checkpoint-every goes "
+                   "on with --resume)")
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
     finally:
         logging.getLogger("dkernel").removeHandler(log_handler)
         warnings.formatwarning = formatwarning
-        asyncio_log.setLevel(asyncio_level)
+        for log in quieted:
+            log.removeFilter(_only_critical)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

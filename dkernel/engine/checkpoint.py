@@ -171,7 +171,8 @@ class Checkpointer:
         old = meta["fingerprint"]
         diff = sorted(k for k in set(old) | set(self.fingerprint)
                       if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED)
-                      and not (k == DATA and k not in old))  # (written before it was recorded)
+                      # (written before it was recorded)
+                      and not (k in (DATA, "step_size") and k not in old))
         if "plan_version" in diff:
             raise ValueError(
                 f"checkpoint {self.path!r} was written by an older dkernel, whose steps take "

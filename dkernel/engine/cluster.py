@@ -53,19 +53,25 @@ def _check_address(address: str) -> str:
     """``address`` if it reads as protocol://host:port; else a one-line error
     ("invalid literal for int() with base 10" named nothing to change)."""
     from distributed.comm.addressing import parse_address, parse_host_port
-    from distributed.comm.registry import backends
+    from distributed.comm.registry import get_backend
 
-    try:
-        protocol, location = parse_address(address, strict=True)
+    try:  # (no scheme is tcp://, as distributed reads it)
+        protocol, location = parse_address(address, strict=False)
         if protocol in ("tcp", "tls"):
             parse_host_port(location)
     except (ValueError, TypeError):
         raise ValueError(f"scheduler address {address!r} is not protocol://host:port; pass e.g. "
                          "tcp://host:8786 (tls:// for a TLS scheduler)") from None
-    if protocol not in backends:
+    try:
+        get_backend(protocol)  # (plug-in transports load here)
+    except ValueError:
         raise ValueError(f"scheduler address {address!r}: {protocol}:// is not a protocol Dask "
-                         f"speaks ({', '.join(sorted(backends))}); pass e.g. tcp://host:8786")
+                         "speaks here; pass e.g. tcp://host:8786") from None
     return address
+
+
+class SchedulerUnreachable(ConnectionError):
+    """No Dask scheduler answered at the address given (before any work)."""
 
 
 def _unreachable(address: str, exc: BaseException) -> str:
@@ -88,6 +94,7 @@ def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIME
         args = security.get_connection_args("client") if security is not None else {}
         comm = await connect(address, timeout=timeout, **args)
         try:
+            box["phase"] = "answer"  # connected: what comes back is the peer's
             await comm.write({"op": "identity", "reply": True})
             return await comm.read()
         finally:
@@ -108,22 +115,33 @@ def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIME
     thread.join(timeout + 5)
     exc = box.get("error")
     if thread.is_alive() or isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        raise ConnectionError(
+        raise SchedulerUnreachable(
             f"{address} did not answer as a Dask scheduler within {timeout:.0f} s; check the "
             "address (a scheduler listens on 8786 by default, its dashboard on 8787) and that "
             "no firewall holds the connection")
-    if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
-        raise ConnectionError(
+    causes, cause = [], exc
+    while cause is not None and len(causes) < 8:  # (distributed wraps the SSL error)
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, ssl.SSLError) or "SSL" in type(c).__name__
+           or "TLSV1_ALERT" in str(c) or "CERTIFICATE" in str(c) for c in causes):
+        raise SchedulerUnreachable(
             f"the TLS handshake with {address} failed ({exc}); check --tls-cert, --tls-key and "
             "--tls-ca-file (DASK_DISTRIBUTED__COMM__TLS__*): the certificate must match its key "
             "and be signed by the CA the scheduler trusts")
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError) and box.get("phase") != "answer":
+        # (a timeout or a refusal: not the closed stream a TLS scheduler gives plain tcp)
         hint = ("; a scheduler serving TLS needs a tls:// address"
-                if address.startswith("tcp://") and "refused" not in str(exc) else "")
-        raise ConnectionError(_unreachable(address, exc) + hint)
-    if exc is not None or not isinstance(box.get("reply"), dict) or \
-            box["reply"].get("type") != "Scheduler":
-        raise ConnectionError(
+                if address.startswith("tcp://") and "Timed out" not in str(exc) else "")
+        raise SchedulerUnreachable(_unreachable(address, exc) + hint)
+    if exc is not None and not isinstance(exc, (MemoryError, ValueError, EOFError)):
+        # the transport itself failed (ucx:// without its library), before any answer
+        raise SchedulerUnreachable(f"cannot connect to {address} ({type(exc).__name__}: {exc})")
+    # (else something answered: an HTTP reply read as a frame asked for 3 EiB)
+    reply = box.get("reply")
+    if exc is not None or not isinstance(reply, dict) or \
+            "Scheduler" not in str(reply.get("type", "")):  # (subclasses too)
+        raise SchedulerUnreachable(
             f"{address} answered, but not as a Dask scheduler; check the port (a scheduler "
             "listens on 8786 by default; 8787 is its dashboard)")
 
@@ -253,7 +271,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         try:
             c = Client(address, timeout=f"{_CONNECT_TIMEOUT}s", security=security)
         except OSError as exc:
-            raise ConnectionError(_unreachable(address, exc)) from None
+            raise SchedulerUnreachable(_unreachable(address, exc)) from None
         try:
             require_workers(c)
             check_workers(c, upload=upload_package)

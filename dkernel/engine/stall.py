@@ -79,9 +79,13 @@ def gather(client: Client, futures: list, label: str = "the fit") -> list:
     nothing).  Each wait checks the cluster, so an empty one stops the fit."""
     while True:
         wait_running(client, futures, label)
+        if any(f.status in ("error", "cancelled") for f in futures):
+            return client.gather(futures)  # raises the task's own error
         try:
             return client.sync(client._gather, futures, callback_timeout=_GATHER_SECONDS)
         except TimeoutError:
+            if any(f.status in ("error", "cancelled") for f in futures):
+                raise  # a task's own TimeoutError (a socket's, fsspec's), not the wait's
             if all(f.status == "finished" for f in futures):  # a slow transfer, not a loss
                 return client.gather(futures)
 

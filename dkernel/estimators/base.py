@@ -142,15 +142,10 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     def _check_params(self) -> None:
         """Each parameter against its declaration (:mod:`dkernel.estimators.spec`),
         then the rules between parameters; the estimators add their own."""
-        declared = params_of(type(self))
-        check_values(declared, self.get_params(deep=False))
-        if hasattr(self, "early_stopping") and not self.early_stopping:  # as the CLI refuses
-            for p in declared:
-                if p.name in ("validation_fraction", "n_iter_no_change") and \
-                        getattr(self, p.name) != p.default:
-                    raise ValueError(f"{p.name}={getattr(self, p.name)!r} applies with "
-                                     "early_stopping=True; set it, or drop "
-                                     f"{p.name}")
+        # (validation_fraction / n_iter_no_change without early_stopping are left
+        # alone, as scikit-learn's SGD does: a grid over early_stopping sets them for
+        # every candidate; the CLI refuses them)
+        check_values(params_of(type(self)), self.get_params(deep=False))
         seed = getattr(self, "random_state", 0)  # (SphereRegressor has none: "no attribute")
         if getattr(self, "resume", False) and not isinstance(seed, (int, np.integer)):
             raise ValueError(

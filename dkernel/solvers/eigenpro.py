@@ -174,7 +174,9 @@ def subsample_preconditioner(engine: Any, S: np.ndarray, kernel: str, bandwidth:
         raise ValueError(f"the preconditioner's subsample has {s} row; it needs 2 or more: "
                          "raise subsample_size")
     if n_pairs is None:
-        n_pairs = AUTO_PAIRS if q is None else max(AUTO_PAIRS, 3 * (int(q) + 1))
+        # (any q that "auto" could choose: q + 1 within the pairs it trusts)
+        n_pairs = AUTO_PAIRS if q is None or int(q) + 1 <= (AUTO_PAIRS - 1) // 3 + 1 \
+            else 3 * (int(q) + 1)
     n_pairs = min(s, int(n_pairs))
     data = open_dataset(S, np.arange(s), chunk_rows=math.ceil(s / max(1, int(n_chunks))))
     params = {"Z": S, "kernel": kernel, "bandwidth": bandwidth}

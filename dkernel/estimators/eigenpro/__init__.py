@@ -82,7 +82,9 @@ class _EigenProBase(BaseEstimator):
             raise ValueError(f"block_size={self.block_size} sets the random-feature form's blocks "
                              "(n_features set); the kernel form has none: drop block_size or "
                              "set n_features")
-        if None not in (self._given("q"), self._given("batch_size"), self._given("max_batch")):
+        if None not in (self._given("q"), self._given("batch_size"), self._given("max_batch")) \
+                and (self._given("n_features") is None or self._given("local_steps") is not None):
+            # (with features and local_steps "auto", max_batch also sets the rounds)
             raise ValueError(f"max_batch={self.max_batch} caps the automatic q and batch_size; "
                              "with both given it has no use: drop max_batch, or one of them")
         if self._given("n_features") is None and self._given("local_steps") not in (None, 1):
