@@ -143,11 +143,14 @@ scheduler_address() {
     "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$SCHEDULER_FILE"
 }
 
-# Count (or wait for) registered workers; prints the count.
+# Count (or wait for) registered workers; prints the count.  Always run in a
+# subshell (a command substitution or &): exec makes the subshell's pid
+# Python's, so killing a background count kills Python too (it lived on,
+# orphaned, waiting for a scheduler file that never came).
 count_workers() {
     local want="$1" timeout="$2"
     DKERNEL_TLS_CA_FILE="$TLS_CA" DKERNEL_TLS_CERT="$TLS_CERT" DKERNEL_TLS_KEY="$TLS_KEY" \
-        "$PY" - "$SCHEDULER_FILE" "$want" "$timeout" <<'EOF'
+        exec "$PY" - "$SCHEDULER_FILE" "$want" "$timeout" <<'EOF'
 import os, sys
 from distributed import Client
 from distributed.security import Security

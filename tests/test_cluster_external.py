@@ -250,6 +250,11 @@ def test_recipe_stops_at_once_when_its_workers_exit_at_start_and_start_takes_hel
     assert time.monotonic() - t0 < 40
     # the scheduler it had started is stopped too
     assert "no scheduler running" in _recipe("status", "--dir", str(state)).stderr
+    # and its wait for workers: the Python behind it lived on, orphaned, for ever
+    deadline = time.monotonic() + 10
+    while subprocess.run(["pgrep", "-f", str(state)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a process of the failed start is still running"
+        time.sleep(0.2)
 
 
 def test_relative_store_path_reaches_workers_started_in_another_folder(external, tmp_path,
