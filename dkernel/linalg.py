@@ -276,9 +276,13 @@ def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, 
     return Eigensystem(w, Q @ U, "randomized", max(norms) if norms else None)
 
 
+#: Largest order :func:`eigensystem` solves densely when ``method="auto"``.
+DENSE_MAX = 4096
+
+
 def eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int, n_inputs: int, *,
                 operator: str = "gram", center: bool = False, method: str = "auto",
-                dense_max: int = 4096,
+                dense_max: int = DENSE_MAX,
                 random_state: int = 0, n_oversamples: int = 20, n_iter: int = 2,
                 label: str = "eigensystem", dtype: str = "float64",
                 chunked: bool = False) -> Eigensystem:

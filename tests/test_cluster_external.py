@@ -420,4 +420,4 @@ def test_a_port_that_is_not_a_scheduler_is_named_within_the_timeout(external):
                          ("http://127.0.0.1:8787", "http:// is not a protocol Dask speaks")):
         with pytest.raises(ValueError, match=message):
             _check_address(bad)
-    assert _check_address("127.0.0.1:8786") == "127.0.0.1:8786"  # tcp://, as distributed reads it
+    assert _check_address("127.0.0.1:8786") == "tcp://127.0.0.1:8786"  # as distributed reads it

@@ -92,17 +92,21 @@ def _open_zarr_group(url: str, storage_options: dict | None):
     except Exception as exc:  # zarr raises several types for "not a group here"
         raise FileNotFoundError(
             f"cannot open {url!r} as a zarr dataset store ({type(exc).__name__}: {exc}); "
-            f"{_open_remedy(exc)}") from None
+            f"{_open_remedy(exc, url)}") from None
 
 
-def _open_remedy(exc: BaseException) -> str:
+def _open_remedy(exc: BaseException, url: str) -> str:
     """What to change when a store cannot be opened: every failure was told
     "a store is a zarr group...", wrong credentials and a missing bucket too."""
-    kind, text = type(exc).__name__, str(exc).lower()
+    kind, text = type(exc).__name__, str(exc).replace(url, "").lower()
+    if "://" not in url:
+        return ("check the folder's permissions" if isinstance(exc, PermissionError) else
+                "a store is a zarr group holding arrays 'X' and optionally 'y'")
     if isinstance(exc, PermissionError) or "credential" in kind.lower() or \
             "forbidden" in text or "access denied" in text:
         return "check the credentials (e.g. AWS_* in the environment, or storage_options)"
-    if "endpoint" in kind.lower() or "could not connect" in text or "connection" in kind.lower():
+    if "endpoint" in kind.lower() or "could not connect" in text or "cannot connect" in text \
+            or "connection" in kind.lower():
         return "check the endpoint and the network (e.g. AWS_ENDPOINT_URL)"
     if "bucket" in text:
         return "check the bucket's name"
@@ -210,14 +214,15 @@ def read_store_rows(store: StoreArrays, start: int, stop: int,
         X = np.asarray(store.X[start:stop])
         y = None if store.y is None else np.asarray(store.y[start:stop])
     except Exception as exc:
-        if store.root is not None or memory is not None:
-            raise
+        if store.root is not None or memory is not None or \
+                isinstance(exc, (MemoryError, ValueError, TypeError, KeyError)):
+            raise  # (a local store, or an error of the data, not of the access)
         # an object store's error on a worker came as bare text ("Unable to locate
         # credentials", "Forbidden"), naming neither the worker nor the store
         raise OSError(f"a worker ({_worker_name()}) cannot read rows {start}:{stop} of "
                       f"{store.url} ({type(exc).__name__}: {exc}); every worker needs the "
                       "store's credentials and endpoint (e.g. AWS_* in each worker's "
-                      "environment) and network access to it") from None
+                      "environment) and network access to it") from exc
     if rows is not None:
         X, y = X[rows], None if y is None else y[rows]
     return X, y

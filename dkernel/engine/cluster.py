@@ -67,7 +67,7 @@ def _check_address(address: str) -> str:
     except ValueError:
         raise ValueError(f"scheduler address {address!r}: {protocol}:// is not a protocol Dask "
                          "speaks here; pass e.g. tcp://host:8786") from None
-    return address
+    return address if "://" in address else f"{protocol}://{address}"
 
 
 class SchedulerUnreachable(ConnectionError):
@@ -266,7 +266,8 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:
-        security = _check_tls(_check_address(address), security)
+        address = _check_address(address)
+        security = _check_tls(address, security)
         _probe_scheduler(address, security)  # Client() itself can wait for ever
         try:
             c = Client(address, timeout=f"{_CONNECT_TIMEOUT}s", security=security)

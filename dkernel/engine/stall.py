@@ -85,7 +85,7 @@ def gather(client: Client, futures: list, label: str = "the fit") -> list:
             return client.sync(client._gather, futures, callback_timeout=_GATHER_SECONDS)
         except TimeoutError:
             if any(f.status in ("error", "cancelled") for f in futures):
-                raise  # a task's own TimeoutError (a socket's, fsspec's), not the wait's
+                return client.gather(futures)  # a task's own error (its TimeoutError too)
             if all(f.status == "finished" for f in futures):  # a slow transfer, not a loss
                 return client.gather(futures)
 

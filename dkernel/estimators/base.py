@@ -260,7 +260,7 @@ def sample_rows(data: Dataset, random_state: int, client: Any,
         chunks = np.unique(owner)
         if data.store is not None:
             # no y: a store of X only is read the same way
-            xs = StoreArrays(data.store.X, None, data.store.root)
+            xs = StoreArrays(data.store.X, None, data.store.root, data.store.url)
             parts = [client.submit(_store_rows, xs, int(offsets[c]), int(offsets[c + 1]),
                                    idx[owner == c] - offsets[c], pure=False) for c in chunks]
         else:
@@ -324,7 +324,6 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
             "distinct values; use a regressor (--task regression) for continuous targets"
         )
     check_two_classes(classes)
-    warn_many_classes(classes.size, data.n_rows)
     return classes
 
 
@@ -386,9 +385,11 @@ def validate_fit_input(est: Any, X: Any, y: Any = None, *, target: str,
         for attr in ("feature_names_in_", "n_features_in_"):  # from an earlier in-memory fit
             if attr in vars(est):
                 delattr(est, attr)
-        if y is not None and is_in_memory(y) and target == "classification":
-            # labels in memory beside a lazy X are encoded here as beside a NumPy X (text
-            # labels were refused with advice to pass y in memory, which it was)
+        if y is not None and is_in_memory(y) and target == "classification" and \
+                not _numeric(y):
+            # text labels in memory beside a lazy X are encoded here as beside a NumPy X
+            # (they were refused with advice to pass y in memory, which it was); numeric
+            # ones pass as before, to be discovered on the cluster
             labels, codes = _encode_labels(y)
             return X, codes, labels
         if y is not None and is_in_memory(y) and target == "regression" and \
@@ -423,18 +424,24 @@ def _encode_labels(y: Any) -> tuple[np.ndarray, np.ndarray]:
                          "for continuous targets)") from None
     labels, codes = np.unique(y, return_inverse=True)
     check_two_classes(labels)
-    warn_many_classes(labels.size, len(y))
     return labels, codes.astype(np.int32).reshape(-1)
 
 
-def warn_many_classes(n_classes: int, n_rows: int) -> None:
-    """Warn when the labels look like a quantity: whole-number targets (counts,
-    years) were fitted as a classifier of one class per value without a word
-    (149 classes in 1000 rows: accuracy 0.23, where a regressor scored R^2 0.74)."""
-    if n_classes > 50 and n_classes > n_rows / 20:
-        warnings.warn(f"y has {n_classes} classes in {n_rows} rows: if it is a quantity, not a "
+def _numeric(y: Any) -> bool:
+    """Whether in-memory labels are numbers (a categorical Series: its values')."""
+    return np.asarray(y).dtype.kind in "biuf"
+
+
+def warn_many_classes(classes: np.ndarray, n_rows: int) -> None:
+    """Warn when numeric labels look like a quantity: whole-number targets
+    (counts, years) were fitted as a classifier of one class per value without
+    a word (149 classes in 1000 rows: accuracy 0.23, where a regressor scored
+    R^2 0.74).  Called by a classifier's ``fit``, once."""
+    n = len(classes)
+    if np.asarray(classes).dtype.kind in "iuf" and n > 50 and n > n_rows / 20:
+        warnings.warn(f"y has {n} classes in {n_rows} rows: if it is a quantity, not a "
                       "label, fit a regressor (dkernel fit --task regression)", UserWarning,
-                      stacklevel=4)
+                      stacklevel=3)
 
 
 def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = True) -> Any:

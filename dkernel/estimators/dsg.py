@@ -20,6 +20,7 @@ from dkernel.estimators.base import (
     apply_rows,
     bandwidth_rows,
     sample_rows,
+    warn_many_classes,
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import (
@@ -164,6 +165,8 @@ class _DSGBase(BaseEstimator):
             bandwidth = fit.bandwidth(sample)
             if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = fit.labels
+            if self._task == "classification":
+                warn_many_classes(self.classes_, full.n_rows)
             features, n_blocks = fit.feature_map(bandwidth)
             fit.hold_out()
             self.lanes_ = fit.engine.pin_lanes(fit.data)

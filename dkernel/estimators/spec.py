@@ -349,7 +349,8 @@ _KERNEL_CCA = (
         over all rows and the whole pool; "random": a random orthonormal
         subspace (Xie et al. need only a non-zero start)."""),
     Param("init_rows", 8000, "int", integer(),
-          'Rows sampled for the "subsample" start and the preconditioner.'),
+          'Rows sampled for the "subsample" start and the preconditioner (unused '
+          'without either, as a grid over init may set it for every candidate).'),
     PRECONDITIONER.but(doc="""\
         "eigenpro": every step updates the whole pool through EigenPro's
         preconditioner (top-q eigenpairs of each view's centred feature

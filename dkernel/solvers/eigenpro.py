@@ -62,7 +62,7 @@ from dkernel.backend import asarray_like, namespace
 from dkernel.data.dataset import open_dataset
 from dkernel.engine import cache
 from dkernel.engine.program import Chunk, StepProgram
-from dkernel.linalg import Eigensystem, eigensystem
+from dkernel.linalg import DENSE_MAX, Eigensystem, eigensystem
 from dkernel.solvers.kernel_rows import (
     TILE_ROWS,
     buffer,
@@ -174,9 +174,11 @@ def subsample_preconditioner(engine: Any, S: np.ndarray, kernel: str, bandwidth:
         raise ValueError(f"the preconditioner's subsample has {s} row; it needs 2 or more: "
                          "raise subsample_size")
     if n_pairs is None:
-        # (any q that "auto" could choose: q + 1 within the pairs it trusts)
-        n_pairs = AUTO_PAIRS if q is None or int(q) + 1 <= (AUTO_PAIRS - 1) // 3 + 1 \
-            else 3 * (int(q) + 1)
+        # any q that "auto" could choose (q + 1 within the pairs it trusts: all of a
+        # dense solve's, the first third of a randomized one's) gets auto's pairs
+        dense = method == "dense" or (method == "auto" and s <= DENSE_MAX)
+        trusted_auto = min(s, AUTO_PAIRS) if dense else (AUTO_PAIRS - 1) // 3 + 1
+        n_pairs = AUTO_PAIRS if q is None or int(q) + 1 <= trusted_auto else 3 * (int(q) + 1)
     n_pairs = min(s, int(n_pairs))
     data = open_dataset(S, np.arange(s), chunk_rows=math.ceil(s / max(1, int(n_chunks))))
     params = {"Z": S, "kernel": kernel, "bandwidth": bandwidth}

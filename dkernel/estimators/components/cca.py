@@ -61,14 +61,6 @@ class KernelCCA(_TwoViewBase):
                  feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        if self.init != "subsample" and self.preconditioner is None and \
-                self._changed(("init_rows",)):
-            raise ValueError(f"init_rows={self.init_rows} sizes the sample of init='subsample' "
-                             "and of the preconditioner; with init='random' and "
-                             "preconditioner=None there is none: drop init_rows")
-
     def _metrics(
         self, M: np.ndarray, A: np.ndarray, Bc: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:

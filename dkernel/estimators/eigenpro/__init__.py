@@ -15,7 +15,13 @@ import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 
-from dkernel.estimators.base import BaseEstimator, balanced_rows, bandwidth_rows, graph_value
+from dkernel.estimators.base import (
+    BaseEstimator,
+    balanced_rows,
+    bandwidth_rows,
+    graph_value,
+    warn_many_classes,
+)
 from dkernel.estimators.eigenpro.features import (
     _RF_PAIRS,
     _RF_ROWS_PER_FEATURE,
@@ -125,6 +131,8 @@ class _EigenProBase(BaseEstimator):
                                       bandwidth_rows(rows, self.random_state_))
             if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = fit.labels
+            if self._task == "classification":
+                warn_many_classes(self.classes_, fit.data.n_rows)
             fit.hold_out()
             route.fit(fit, bandwidth, encoding, rows if shared else None, t_read)
         return self
