@@ -3,6 +3,7 @@ what to change, instead of waiting for ever (dkernel.engine.stall)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -68,18 +69,28 @@ def test_wait_running_returns_on_a_running_cluster(client):
     stall.wait_running(client, [None, 3])  # nothing to wait for
 
 
+@contextlib.contextmanager
+def _one_worker():
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        yield cluster, c
+
+
+def _lose_every_worker(cluster, c):
+    cluster.scale(0)
+    deadline = time.monotonic() + 30
+    while workers_info(c) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_a_fit_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fast_watch,
                                                                             monkeypatch):
     # A worker without scipy died of its first task; the fit's pass over y then
     # waited on a cluster of no workers for ever, and SIGTERM could not end it.
     monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
-    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+    with _one_worker() as (cluster, c):
         fut = c.submit(time.sleep, 60, pure=False)
-        cluster.scale(0)
-        deadline = time.monotonic() + 30
-        while workers_info(c) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _lose_every_worker(cluster, c)
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="has had no workers for .* DKERNEL_WORKER_TIMEOUT"):
             stall.wait_running(c, [fut], label="a step")
@@ -93,14 +104,10 @@ def test_results_lost_with_every_worker_stop_the_gather_instead_of_waiting_for_e
     # keys, rescheduling") and the gather waited for ever for a worker to compute them
     monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
     monkeypatch.setattr(stall, "_GATHER_SECONDS", 1.0)
-    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+    with _one_worker() as (cluster, c):
         futs = [c.submit(np.add, i, 1, pure=False) for i in range(2)]
         assert stall.gather(c, futs) == [1, 2]  # a gather of finished results
-        cluster.scale(0)
-        deadline = time.monotonic() + 30
-        while workers_info(c) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _lose_every_worker(cluster, c)
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="has had no workers for .* DKERNEL_WORKER_TIMEOUT"):
             stall.gather(c, futs, label="a step")

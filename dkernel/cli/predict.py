@@ -112,22 +112,18 @@ def check_scorable(model: Any) -> None:
                          f"({_python_only(model)})")
 
 
-def _moments(z: np.ndarray) -> np.ndarray:
-    """A chunk's rows, mean and sum of squared deviations (zeros for no rows: an
-    empty chunk's NaN mean made the explained variance NaN)."""
-    z = z.astype(np.float64)
-    if not len(z):
-        return np.zeros(1 + 2 * z.shape[1])
-    return np.concatenate([[len(z)], z.mean(axis=0), z.var(axis=0) * len(z)])
-
-
 def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any]:
     """The model's metrics on dask X and y, predicting each row once; ``progress``
     (on the current client): a line counting the chunks as they finish."""
     from sklearn.exceptions import UndefinedMetricWarning
 
     from dkernel.engine.progress import chunkwise
-    from dkernel.estimators.scoring import r2_from_sums, r2_sums_by_chunk
+    from dkernel.estimators.scoring import (
+        chunk_moments,
+        pooled_moments,
+        r2_from_sums,
+        r2_sums_by_chunk,
+    )
 
     check_scorable(model)
     if hasattr(model, "canonical_correlations"):  # KernelCCA / KernelSVD: y is the second view
@@ -142,12 +138,9 @@ def metrics(model: Any, X: Any, y: Any, progress: bool = False) -> dict[str, Any
         return {"sum_correlations": float(np.sum(corr)), "correlations": [float(c) for c in corr]}
     if hasattr(model, "explained_variance_"):  # KernelPCA / StreamingKernelPCA
         Z = model.transform(X)
-        k = int(Z.shape[1])
-        # each chunk's mean and squared deviations, pooled (Chan et al.), as r2_sums_by_chunk
-        parts = chunkwise(_moments, [Z], 1 + 2 * k, "evaluate", progress)
-        n, means = parts[:, :1], parts[:, 1:1 + k]
-        mean = (n * means).sum(axis=0) / n.sum()
-        var = (parts[:, 1 + k:].sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)) / n.sum()
+        parts = chunkwise(chunk_moments, [Z], 1 + 2 * int(Z.shape[1]), "evaluate", progress)
+        rows, _, m2 = pooled_moments(parts)
+        var = m2 / rows
         return {"explained_variance": [float(v) for v in var], "total_variance": float(var.sum())}
     if hasattr(model, "classes_"):
         if y.ndim != 1 and y.shape[1:] != (1,):

@@ -86,20 +86,34 @@ def r2_sums_by_chunk(y: Any, p: Any, progress: bool,
     shift = np.asarray(shift, dtype=np.float64).reshape(-1)
 
     def partial(yb: np.ndarray, pb: np.ndarray) -> np.ndarray:
-        yb, pb = yb.astype(np.float64), pb.astype(np.float64)
-        pb = pb - yb  # the residuals, before y is shifted
-        yb = yb - shift
-        mean = yb.mean(axis=0) if len(yb) else np.zeros(k)
-        return np.concatenate([[len(yb)], (pb ** 2).sum(axis=0), mean,
-                               ((yb - mean) ** 2).sum(axis=0)])
+        yb = yb.astype(np.float64)
+        residual = pb.astype(np.float64) - yb  # before y is shifted
+        return np.concatenate([(residual ** 2).sum(axis=0), chunk_moments(yb - shift)])
 
     parts = chunkwise(partial, [y, p], 1 + 3 * k, "evaluate", progress)
-    n, ss_res = parts[:, :1], parts[:, 1:1 + k].sum(axis=0)
-    means, m2 = parts[:, 1 + k:1 + 2 * k], parts[:, 1 + 2 * k:]
+    rows, _, ss_tot = pooled_moments(parts[:, k:])
+    return (*_finite_sums(parts[:, :k].sum(axis=0), ss_tot), rows)
+
+
+def chunk_moments(z: np.ndarray) -> np.ndarray:
+    """A chunk's rows, column means and sums of squared deviations, in one
+    vector (zeros for no rows: an empty chunk's NaN mean spoiled the pool)."""
+    z = z.astype(np.float64)
+    if not len(z):
+        return np.zeros(1 + 2 * z.shape[1])
+    mean = z.mean(axis=0)
+    return np.concatenate([[len(z)], mean, ((z - mean) ** 2).sum(axis=0)])
+
+
+def pooled_moments(parts: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """(rows, mean, sum of squared deviations) of the rows of every chunk, from
+    their :func:`chunk_moments` stacked (Chan, Golub & LeVeque 1979), so the
+    data is read once."""
+    k = (parts.shape[1] - 1) // 2
+    n, means, m2 = parts[:, :1], parts[:, 1:1 + k], parts[:, 1 + k:]
     with np.errstate(invalid="ignore", over="ignore"):
         mean = (n * means).sum(axis=0) / max(float(n.sum()), 1.0)
-        ss_tot = m2.sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)
-    return (*_finite_sums(ss_res, ss_tot), int(n.sum()))
+        return int(n.sum()), mean, m2.sum(axis=0) + (n * (means - mean) ** 2).sum(axis=0)
 
 
 def _finite_sums(ss_res: np.ndarray, ss_tot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
