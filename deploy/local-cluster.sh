@@ -47,7 +47,8 @@ esac
 DIR="${DKERNEL_CLUSTER_DIR:-./dask-cluster}"
 HOST="${DKERNEL_SCHEDULER_HOST:-127.0.0.1}"
 PORT="${DKERNEL_SCHEDULER_PORT:-8786}"
-WORKERS="${DKERNEL_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+# the cores this host lets us use: Dask's count reads a CPU quota too (nproc does not)
+WORKERS="${DKERNEL_WORKERS:-$("${PYTHON:-python3}" -c 'import dask.system; print(dask.system.CPU_COUNT)' 2>/dev/null || nproc 2>/dev/null || echo 1)}"
 THREADS="${DKERNEL_THREADS:-1}"
 MEMORY="${DKERNEL_MEMORY_LIMIT:-auto}"
 DASHBOARD="${DKERNEL_DASHBOARD_ADDRESS:-}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,6 +340,19 @@ def test_workers_of_the_recipe_and_of_dkernels_local_cluster_get_its_malloc_sett
             Client(cluster, set_as_default=False) as c:
         assert _worker_malloc(c) == [want]
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"  # put back
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs taskset and two cores to pin the process to one")
+def test_the_embedded_cluster_starts_a_worker_per_core_the_process_may_use():
+    # os.cpu_count() is the host's: pinned to one core (taskset here; a container's
+    # CPU quota alike), the default cluster started a worker per host core
+    code = ("from dkernel.engine.cluster import connect\n"
+            "with connect() as c: print(len(c.nthreads()))")
+    run = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable,
+                          "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1"]
 
 
 def test_a_cluster_without_workers_is_waited_for_then_refused_in_one_line(monkeypatch, tmp_path,

@@ -81,6 +81,7 @@ def test_compose_file_starts_scheduler_dashboard_workers_and_a_fit_from_one_imag
     services = compose["services"]
     assert set(services) == {"scheduler", "worker", "job"}
     assert {s["image"] for s in services.values()} == {"dkernel:0.1.0"}
+    assert all(s.get("init") is True for s in services.values())  # signals, zombies
     assert services["scheduler"]["build"]["dockerfile"] == "deploy/Dockerfile"
     # the dashboard, on this machine only (the stack has no TLS)
     assert "127.0.0.1:8787:8787" in services["scheduler"]["ports"]
@@ -246,6 +247,24 @@ def test_jobqueue_job_script_has_dkernels_worker_settings(system, directive, tmp
     assert "normal" in script and "proj" in script
     # dkernel's glibc settings, as its own workers and the image have them
     assert "export MALLOC_TRIM_THRESHOLD_=67108864" in script
+
+
+def test_jobqueue_recipe_keeps_the_malloc_settings_beside_a_users_own_prologue():
+    """A site's prologue (a module load, a venv) is kept, and dkernel's glibc
+    settings follow it (a prologue given used to replace them), unless it
+    sets one of them itself."""
+    recipe = _jobqueue_recipe()
+    with recipe.make_cluster("slurm", scheduler_options={"dashboard_address": ":0"},
+                             job_script_prologue=["module load python/3.11",
+                                                  "export MALLOC_MMAP_THRESHOLD_=1048576"]
+                             ) as cluster:
+        script = cluster.job_script()
+    lines = script.splitlines()
+    assert lines.index("module load python/3.11") < lines.index(
+        "export MALLOC_TRIM_THRESHOLD_=67108864")
+    # the user's value wins, and is not followed by dkernel's
+    assert "export MALLOC_MMAP_THRESHOLD_=1048576" in lines
+    assert "export MALLOC_MMAP_THRESHOLD_=33554432" not in lines
 
 
 def test_jobqueue_recipe_checks_the_store_before_submitting_jobs(tmp_path, capsys):

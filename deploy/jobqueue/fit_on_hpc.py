@@ -22,6 +22,7 @@ spilling.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from typing import Any
@@ -47,8 +48,12 @@ def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4G
     # Dask's 64 KiB trim threshold makes every chunk-sized buffer fault in fresh pages
     from dkernel.engine.cluster import WORKER_MALLOC
 
-    kwargs.setdefault("job_script_prologue",
-                      [f"export {name}={value}" for name, value in WORKER_MALLOC.items()])
+    # after the caller's own prologue lines (a module load, a venv), unless they
+    # set a name themselves: a prologue given replaced these lines before
+    prologue = list(kwargs.pop("job_script_prologue", None) or [])
+    prologue += [f"export {name}={value}" for name, value in WORKER_MALLOC.items()
+                 if not any(re.search(rf"\b{name}=", line) for line in prologue)]
+    kwargs["job_script_prologue"] = prologue
     return cls(
         cores=processes,          # = processes: one thread per worker process
         processes=processes,

@@ -305,7 +305,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
                                    processes=False, dashboard_address=None,
                                    silence_logs=logging.CRITICAL)
         else:
-            cluster = local_cluster(n_workers=n_workers or os.cpu_count() or 1,
+            cluster = local_cluster(n_workers=n_workers or _cores(),
                                     silence_logs=logging.CRITICAL)
         # not the process's default: another thread's fit would take it as its
         # own (get_client above) and lose it when this fit closes it
@@ -361,6 +361,15 @@ def _in_worker_process() -> bool:
             or multiprocessing.get_start_method(allow_none=True) == "loky")
 
 
+def _cores() -> int:
+    """The cores this process may use: its CPU set and its cgroup's CPU quota
+    (Dask's count).  ``os.cpu_count()`` is the host's: under ``taskset`` or in
+    a container with a CPU quota it started more workers than cores."""
+    from dask.system import cpu_count
+
+    return max(1, cpu_count())
+
+
 def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     """A LocalCluster as dkernel starts one: single-threaded worker processes
     (one per core by default) with :data:`WORKER_MALLOC`, started by spawn
@@ -384,7 +393,7 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     try:
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
                               _START_METHOD: "spawn"}):
-            return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, **options)
+            return LocalCluster(n_workers=n_workers or _cores(), **options)
     finally:
         for k, v in saved.items():
             if v is None:
