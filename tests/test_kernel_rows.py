@@ -33,6 +33,23 @@ def test_stored_values_are_within_the_modes_rounding(mode):
     assert np.all(err <= limit)
 
 
+@pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
+def test_a_symmetric_fill_matches_the_dense_kernel_in_every_tile(mode, monkeypatch):
+    # a diagonal block of the symmetric fill computes each tile's columns from its
+    # first row on and copies the rest, transposed, from the tiles above it
+    monkeypatch.setattr(kr, "TILE_ROWS", 16)
+    monkeypatch.setattr(kr, "FILL_TILE_BYTES", 64)  # 16-row tiles: 17 of them, the last short
+    X = np.random.default_rng(5).standard_normal((260, 4)).astype(np.float32) + 3
+    K = kernel_matrix(X.astype(np.float64), X.astype(np.float64), "gaussian", 1.5)
+    c = kr.centers_payload(X)
+    stored = kr.fill(X, c["centers"], c["centers_sq"], "gaussian", 1.5, mode,
+                     c["centers_shift"], symmetric=True)
+    dense = kr._decode_rows(stored, np.arange(len(X)), mode,
+                            np.empty(K.shape, np.float32)) * kr.cache_scale(mode)
+    limit = _BOUND[mode] * (K if mode == "bfloat16" else 1.0) + 1e-6
+    assert np.all(np.abs(dense - K) <= limit)
+
+
 @pytest.mark.parametrize("apart", [False, True], ids=["gathered", "stored-apart"])
 @pytest.mark.parametrize("mode", ["float32", "fixed16", "bfloat16"])
 def test_row_gather_products_match_the_dense_kernel(mode, apart):
