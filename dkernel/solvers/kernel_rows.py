@@ -418,7 +418,8 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         for a, b in pairs:
             ha, hb = homes[a], homes[b]
             w = ha if load[ha] <= load[hb] else hb
-            load[w] += float(row_chunks[a]) * float(row_chunks[b])
+            # (a diagonal block computes half its values: fill(symmetric=True))
+            load[w] += float(row_chunks[a]) * float(row_chunks[b]) * (0.5 if a == b else 1.0)
             spec = {"mode": mode, "kernel": kernel, "bandwidth": float(bandwidth),
                     "key_a": keys[a], "key_b": keys[b], "off_a": int(offs[a]),
                     "off_b": int(offs[b]), "write_a": ha == w,
