@@ -160,6 +160,8 @@ def test_cli_parallel_csv_without_header_and_no_target(client, tmp_path, capsys)
     out, err = capsys.readouterr()
     assert "X 50 x 2 float32, 3 chunk(s) of 20 rows" in out
     assert "ingest: 3/3 chunks" in err, err
+    # the first pass, counting the rows of every part of the file, said nothing
+    assert "ingest: 1/1 parts counted" in err, err
     X = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["X"][:]
     np.testing.assert_array_equal(X[:, 1], 2 * np.arange(50))
 

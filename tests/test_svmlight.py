@@ -94,7 +94,8 @@ def test_cli_parallel_libsvm(tmp_path, client, capsys):
     assert main(["ingest", str(tmp_path / "d.svm"), "--out", str(tmp_path / "c.zarr"),
                  "--parallel", "--scheduler", client.scheduler.address]) == 0
     np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "c.zarr"), mode="r")["X"][:], X)
-    assert "ingest: 1/1 chunks" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ingest: 1/1 chunks" in err and "ingest: 1/1 parts counted" in err, err
     # read here: progress in MB of the file read
     assert main(["ingest", str(tmp_path / "d.svm"), "--out", str(tmp_path / "s.zarr")]) == 0
     assert "ingest: 1/1 MB" in capsys.readouterr().err

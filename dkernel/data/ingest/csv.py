@@ -30,7 +30,7 @@ from dkernel.data.ingest.common import (
     store_params,
     target_column,
 )
-from dkernel.data.ingest.parallel import as_dtype, on_cluster, table_columns
+from dkernel.data.ingest.parallel import as_dtype, gather_counted, on_cluster, table_columns
 from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
 
@@ -286,6 +286,8 @@ def _fitting_block(client: Any, blocksize: int) -> int:
 
 def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtype: Any,
                   chunk_rows: int | None, overwrite: bool, client: Any, progress: Any) -> str:
+    import dask
+
     # names as the serial reader takes them ("a, b, label": 'label', not ' label')
     columns = [str(c).strip() for c in ddf.columns]
     ddf.columns = columns
@@ -301,7 +303,9 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
     chunk_rows = default_chunk_rows(len(x_cols), dtype, chunk_rows)
     # Row counts per partition (a parsing pass): zarr chunks must start at known rows.
     try:
-        lengths = tuple(int(v) for v in client.compute(ddf.map_partitions(len)).result())
+        counts = client.compute([dask.delayed(len)(part) for part in ddf.to_delayed()])
+        lengths = tuple(int(v) for v in gather_counted(client, counts, progress,
+                                                       "parts counted"))
     except ValueError as exc:
         raise _type_change(path, exc) from None
     n = int(sum(lengths))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dkernel.data.ingest.common import IngestError, PathLike, is_gzip, open_bytes, store_params
-from dkernel.data.ingest.parallel import on_cluster
+from dkernel.data.ingest.parallel import gather_counted, on_cluster
 from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
 from dkernel.data.validate import check_positive
@@ -329,8 +329,9 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     dtype, y_dtype = np.dtype(dtype), np.dtype(y_dtype)
     ranges = byte_ranges(path, blocksize)
     with on_cluster(client, "ingest_libsvm_parallel", scheduler) as c:
-        scans = c.gather(c.map(scan_range, [path] * len(ranges), ranges, zero_based=zero_based,
-                               n_features=n_features, pure=False))
+        scans = gather_counted(c, c.map(scan_range, [path] * len(ranges), ranges,
+                                        zero_based=zero_based, n_features=n_features,
+                                        pure=False), progress, "parts counted")
         d = width(path, scans, n_features)
         n = sum(r for r, _ in scans)
         if n == 0:

@@ -54,6 +54,30 @@ def on_cluster(client: Any, what: str, scheduler: str | None = None) -> Iterator
         yield client
 
 
+def gather_counted(client: Any, futures: list, progress: Any, unit: str) -> list:
+    """The results of ``futures`` in order, counting them on ``progress(len(futures),
+    unit=unit)`` (a progress bar's factory; None: silent) as they finish: the
+    readers' first pass over a large file (the rows of every byte range) said
+    nothing, for as long as the write pass that follows it.  The first failed
+    future raises its error; the others are cancelled."""
+    if progress is None:
+        return client.gather(futures)
+    from distributed import as_completed
+
+    bar = progress(len(futures), unit=unit)
+    try:
+        for fut in as_completed(futures):
+            if fut.status != "finished":
+                fut.result()  # raises the part's error
+            bar.update(1)
+    except BaseException:
+        client.cancel(futures)
+        raise
+    finally:
+        bar.close()
+    return client.gather(futures)
+
+
 def table_columns(columns: list[str], target: int | str | None, path: str,
                   fmt: str) -> tuple[str | None, list[str], dict]:
     """The target column (None: no ``y``), the feature columns and the store's
