@@ -101,6 +101,9 @@ LOSSES: dict[str, LossFn] = {
 }
 REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "quantile")
 CLASSIFICATION_LOSSES = ("hinge", "squared_hinge", "logistic", "softmax")
+#: Regression losses whose gradient is bounded (by 1, or huber's epsilon) whatever
+#: the residual: a step moves f by a bounded amount, so it must follow y's units.
+BOUNDED_GRADIENT = ("huber", "epsilon_insensitive", "quantile")
 
 
 #: Parameters each loss takes, with scikit-learn's names and defaults.

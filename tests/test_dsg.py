@@ -287,6 +287,36 @@ def test_average_is_the_mean_of_every_iterate(alpha):
                                atol=1e-12 * np.abs(iterates).max())
 
 
+@pytest.mark.parametrize("average", [False, True])
+def test_one_step_per_output_takes_each_outputs_own_steps_in_alg1(average):
+    # A tuple step_size (DSGRegressor's bounded losses on columns of different
+    # spread) makes Alg. 1's scale s one per output: each column must follow the
+    # single-output program of its own step, through the zeroed old blocks of
+    # gamma nu = 1 (column 0, every step), the scale folds (column 1's scale
+    # halves a step: below 1e-3 every 10 steps, 1e-30 after 100) and the average.
+    from dkernel.features import FeatureMap
+    from dkernel.solvers.dsg import DSGProgram
+    from dkernel.solvers.targets import TargetEncoding
+
+    fm = FeatureMap("gaussian", 1.0, 3, 8)
+    kw = dict(n_blocks=5, alpha=10.0, step_decay=0.0, average=average)
+    both = DSGProgram(fm, "quantile", TargetEncoding("regression", offset=(0.0, 0.0)),
+                      step_size=(0.1, 0.05), **kw)
+    alone = [DSGProgram(fm, "quantile", TargetEncoding("regression", offset=(0.0,)),
+                        step_size=g, **kw) for g in (0.1, 0.05)]
+    rng = np.random.default_rng(0)
+    state, states = both.init_state(), [p.init_state() for p in alone]
+    for t in range(120):
+        grad = rng.standard_normal((8, 2))
+        state = both.update(state, {"grad": grad.copy(), "count": 4}, t)
+        states = [p.update(s, {"grad": grad[:, [k]].copy(), "count": 4}, t)
+                  for k, (p, s) in enumerate(zip(alone, states))]
+    coef = both.averaged(state) if average else state["coef"] * state["scale"]
+    for k, (p, s) in enumerate(zip(alone, states)):
+        want = p.averaged(s) if average else s["coef"] * s["scale"]
+        np.testing.assert_allclose(coef[:, [k]], want, rtol=1e-12, atol=1e-15)
+
+
 def test_error_falls_like_one_over_t_in_the_regime_of_dai_theorem_4(client):
     # Dai et al. Thm. 4 / Lemma 9: with gamma_t = theta / t and theta nu = 1,
     # E|f_t(x) - f*(x)|^2 = O(1/t), f* the regularised optimum over the sample.

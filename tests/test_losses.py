@@ -150,12 +150,74 @@ def test_bounded_gradient_losses_fit_targets_in_any_units(client):
     assert below[0.05] < 0.3 and below[0.95] > 0.7, below  # measured 0.155 / 0.803 (held out)
     m = DSGRegressor(loss="epsilon_insensitive", n_features=512, client=client).fit(X, y)
     assert m.score(X, y) > 0.3  # 0.49 on y itself
-    # one step for all outputs, from the smallest column's spread: the RMS of
-    # the spreads took the unit-scale column of this y to R^2 -400
+    # each output takes the step of its own spread: the RMS of the spreads, one
+    # step for all, took the unit-scale column of this y to R^2 -400
     Y = np.column_stack([y, np.sin(3 * X[:, 0])])
     m = DSGRegressor(loss="huber", n_features=512, client=client).fit(X, Y)
     r2 = 1 - np.mean((m.predict(X)[:, 1] - Y[:, 1]) ** 2) / np.var(Y[:, 1])
     assert r2 > 0.3, r2
+
+
+def _two_scales(n: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """X and the outputs [f, 1e3 f]: one signal in two units."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(n, 3))
+    f = 2 * X[:, 0] + np.sin(X[:, 1]) + 0.3 * rng.normal(size=n)
+    return X, np.column_stack([f, 1e3 * f])
+
+
+@pytest.mark.parametrize("settings", [
+    {"loss": "quantile", "quantile": 0.9},
+    {"loss": "huber", "preconditioner": None, "average": True},  # Dai's Alg. 1: a scale an output
+    {"loss": "epsilon_insensitive", "local_steps": 2},  # rounds of local steps
+])
+def test_each_output_of_a_bounded_gradient_loss_fits_as_it_would_alone(client, tmp_path,
+                                                                        settings):
+    # The automatic step follows y's spread; one step for all outputs, the smallest
+    # column's, left [f, 1e3 f]'s second column at training R^2 0.001 under the
+    # quantile loss (0.315 alone) with a FitQualityWarning.  Each output now takes
+    # its own step, so it takes the steps it would take alone: the same model up
+    # to float32 rounding (measured: 7e-6 of the column's spread at most).
+    X, Y = _two_scales()
+    kw = dict(n_features=256, n_epochs=2, client=client, **settings)
+    both = DSGRegressor(**kw).fit(X, Y)
+    P = both.predict(X)
+    steps = []
+    for k in range(2):
+        alone = DSGRegressor(**kw).fit(X, Y[:, k])
+        np.testing.assert_allclose(P[:, k], alone.predict(X), rtol=0, atol=1e-4 * Y[:, k].std())
+        steps.append(alone.step_size_)
+    assert both.step_size_ == pytest.approx(steps, rel=1e-12)
+    path = str(tmp_path / "both.npz")
+    both.save(path)
+    loaded = load_model(path)
+    assert loaded.step_size_ == both.step_size_
+    np.testing.assert_array_equal(loaded.predict(X), P)
+
+
+def test_outputs_with_their_own_steps_resume_to_the_uninterrupted_model(client, resume_mid_fit):
+    # Alg. 1's scale s is one per output once the steps are (a (2,) array in the checkpoint)
+    X, Y = _two_scales(600)
+    kw = dict(loss="quantile", preconditioner=None, average=True, n_features=128,
+              batch_size=100, n_epochs=1, client=client)
+    full, resumed, step = resume_mid_fit(lambda **c: DSGRegressor(**kw, **c), X, Y)
+    assert 0 < step < sum(h["steps"] for h in full.history_)
+    np.testing.assert_allclose(resumed.coef_, full.coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_a_bounded_gradient_fit_that_stays_at_its_start_is_told_what_moves_it(client):
+    # The advice was the divergence's, "set a smaller step_size", which only slows
+    # a fit whose steps move f too little for y's units.  Measured (quantile, 2
+    # epochs): y = 1e5 f ends at training R^2 0.006 with step_size * alpha = 0.99,
+    # and at 0.605 with alpha = 1e-12.
+    from dkernel import FitQualityWarning
+
+    X, Y = _two_scales()
+    kw = dict(loss="quantile", n_features=256, n_epochs=2, client=client)
+    with pytest.warns(FitQualityWarning, match=r"ridge term wins; set a smaller alpha \(now 1e-06"):
+        DSGRegressor(**kw).fit(X, 100 * Y[:, 1])
+    with pytest.warns(FitQualityWarning, match=r"or set a larger one .* \(now 1\)"):
+        DSGRegressor(step_size=1.0, **kw).fit(X, Y[:, 1])
 
 
 def test_cli_passes_epsilon_and_quantile_and_saves_them(client, tmp_path, capsys):

@@ -404,7 +404,14 @@ class DivergenceGuard:
             warnings.warn(
                 f"{label}: {what} {last:.4g} is no better than the starting model's "
                 f"{ref:.4g} (predicting the mean or the prior){within}; "
-                f"{self.program.divergence_hint()}", FitQualityWarning, stacklevel=3)
+                f"{_stall_hint(self.program)}", FitQualityWarning, stacklevel=3)
+
+
+def _stall_hint(program: Any) -> str:
+    """The program's advice for a fit no better than its start (``stall_hint``,
+    else its ``divergence_hint``: a program need not be a StepProgram)."""
+    hint = getattr(program, "stall_hint", None) or program.divergence_hint
+    return hint()
 
 
 def end_margin(reference_rows: int, end_rows: int) -> float:

@@ -98,6 +98,11 @@ class StepProgram:
         """What the user should change when the fit diverges (one clause)."""
         return "use a smaller step_size or a larger bandwidth"
 
+    def stall_hint(self) -> str:
+        """What the user should change when the fit ends no better than its
+        starting model (one clause); by default :meth:`divergence_hint`'s."""
+        return self.divergence_hint()
+
     def slow_hint(self) -> str:
         """What helps when the lanes sit idle most of an epoch (one clause):
         the engine adds it to the epoch's report."""

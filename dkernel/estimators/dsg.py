@@ -33,6 +33,7 @@ from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 from dkernel.features import FeatureMap
 from dkernel.kernels import top_eigenvalue
 from dkernel.losses import (
+    BOUNDED_GRADIENT,
     CLASSIFICATION_LOSSES,
     LOSS_PARAMS,
     REGRESSION_LOSSES,
@@ -57,9 +58,6 @@ _STEP_SCALE = {"squared": 1.0, "huber": 1.0, "epsilon_insensitive": 1.0, "quanti
 #: the piecewise-linear ones, which have no curvature: the ridge term's shift of the
 #: preconditioned operator (_preconditioned_program).
 _CURVATURE = {**_STEP_SCALE, "softmax": 2.0}
-#: Losses whose gradient is bounded (by 1, or huber's epsilon): their automatic
-#: step grows with y's spread (DSGRegressor._encoding).
-_BOUNDED_GRADIENT = ("huber", "epsilon_insensitive", "quantile")
 
 #: Rows the preconditioner is computed on and the most eigenpairs it keeps:
 #: its cost depends on these and D, never on n.
@@ -67,7 +65,9 @@ _PRECONDITIONER_ROWS = 4000
 _PRECONDITIONER_PAIRS = 513
 
 _DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : int or float
-        The resolved settings (saved with the model).
+        The resolved settings (saved with the model).  ``step_size_`` is a
+        list of one per output where the automatic step differs between them
+        (DSGRegressor's bounded-gradient losses on columns of different spread).
     step_backoffs_ : list of dict
         Steps the divergence guard undid and halved (empty when none).
     history_ : list of dict
@@ -131,10 +131,14 @@ class _DSGBase(BaseEstimator):
                 raise ValueError(f"{name}={getattr(self, name)!r} applies to loss={takers}, and "
                                  f"the loss is {self._loss!r}; set loss to {takers} or drop {name}")
 
-    def _step_scale(self) -> float:
-        """c_loss of the automatic step (_STEP_SCALE), times y's spread for a loss
-        of bounded gradient (DSGRegressor._encoding)."""
-        return _STEP_SCALE[self._loss] * max(1.0, getattr(self, "_target_spread", 1.0))
+    def _auto_step(self, step: Any) -> float | list[float]:
+        """The automatic gamma_0 = ridge_step(``step(c)``) with c = c_loss
+        (_STEP_SCALE), times y's spread for a loss of bounded gradient: one
+        per output where the outputs' spreads differ (DSGRegressor._encoding)."""
+        spreads = getattr(self, "_target_spread", (1.0,))
+        steps = [ridge_step(step(_STEP_SCALE[self._loss] * max(1.0, s)), float(self.alpha))
+                 for s in spreads]
+        return steps[0] if len(set(steps)) == 1 else steps
 
     def _loss_spec(self) -> LossSpec:
         """The loss with its parameters (the regressor's ``epsilon``, ``quantile``)."""
@@ -179,13 +183,12 @@ class _DSGBase(BaseEstimator):
                 if self.step_size == "auto":
                     # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
                     # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
-                    self.step_size_ = ridge_step(
-                        self._step_scale() / top_eigenvalue(sample, self.kernel, bandwidth),
-                        float(self.alpha))
+                    lam = top_eigenvalue(sample, self.kernel, bandwidth)
+                    self.step_size_ = self._auto_step(lambda c: c / lam)
                 else:
                     self.step_size_ = float(self.step_size)
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
-                                     float(self.alpha), self.step_size_,
+                                     float(self.alpha), _program_step(self.step_size_),
                                      float(self.step_decay), average=bool(self.average))
             program.cache_blocks = fit.feature_cache(n_blocks * features.block_size)
             if self.verbose:
@@ -225,9 +228,8 @@ class _DSGBase(BaseEstimator):
         self.q_ = pre.q
         self.eigenvalues_ = pre.values
         if self.step_size == "auto":
-            self.step_size_ = ridge_step(
-                self._step_scale() * step_size(step_rows, beta, pre.new_top) / 2,
-                float(self.alpha))
+            eta = step_size(step_rows, beta, pre.new_top)
+            self.step_size_ = self._auto_step(lambda c: c * eta / 2)
         else:
             self.step_size_ = float(self.step_size)
         # The steps descend mean l + alpha/2 |a|^2, whose curvature is at most
@@ -237,7 +239,7 @@ class _DSGBase(BaseEstimator):
         # the loss rose epoch after epoch).  alpha << lambda_{q+1} changes nothing.
         shift = _CURVATURE[self._loss] * float(self.alpha)
         return DSGProgram(features, self._loss_spec(), encoding, n_blocks, float(self.alpha),
-                          self.step_size_, float(self.step_decay),
+                          _program_step(self.step_size_), float(self.step_decay),
                           preconditioner=pre.shifted(shift), beta=beta + shift,
                           batch_size=step_rows, average=bool(self.average),
                           local_steps=self.local_steps_,
@@ -297,6 +299,11 @@ def _json(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+def _program_step(step: float | list[float]) -> float | tuple[float, ...]:
+    """``step_size_`` as DSGProgram takes it: a float, or a tuple of one per output."""
+    return tuple(step) if isinstance(step, list) else step
+
+
 def _extended_signature(base: Any, init: Any) -> inspect.Signature:
     """Signature of ``base`` with the keyword-only parameters of ``init`` added."""
     params = [p for p in inspect.signature(base).parameters.values() if p.kind != p.VAR_KEYWORD]
@@ -318,7 +325,9 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
     __doc__ = f"""Kernel regression by doubly stochastic functional gradients (Dai et al. 2014).
 
     With ``loss="squared"`` this is kernel ridge regression; "huber",
-    "epsilon_insensitive" and "quantile" are also available.
+    "epsilon_insensitive" and "quantile" are also available.  Their gradient
+    is bounded, so their automatic step follows y's spread, each output's its
+    own: every column of a 2-D y fits as it would alone.
 
     Attributes
     ----------
@@ -384,16 +393,19 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
     def _encoding(self, data: Dataset, client: Any) -> TargetEncoding:
         """mean(y), the offset f starts from; and, for a loss whose gradient is
         bounded (huber, epsilon-insensitive, quantile), y's standard deviation
-        (``_target_spread``; the smallest column's for 2-D y), which multiplies
-        its automatic step where above 1: such a loss moves f by at most a step
+        per column (``_target_spread``), which multiplies the column's
+        automatic step where above 1: such a loss moves f by at most a step
         a step, whatever the scale of y (on y x 1e3 every quantile level fitted
         the mean in 5 epochs; 0.155, 0.552 and 0.803 of y below the 0.05, 0.5
         and 0.95 fits with it).  Starting the pinball loss at y's quantile
-        instead was worse at 0.05."""
-        enc, std = self._moments(data, client, spread=self._loss in _BOUNDED_GRADIENT)
-        # one step for every output: the smallest column's spread, as a larger
-        # one took y = [1e3 sin x0, sin x1]'s second column to R^2 -400
-        self._target_spread = 1.0 if std is None else float(np.min(std))
+        instead was worse at 0.05.
+
+        Each column takes its own step (DSGProgram's tuple ``step_size``), so it
+        fits as it would alone: one step for all took y = [1e3 sin x0, sin x1]'s
+        second column to R^2 -400 at the largest spread, and at the smallest
+        the second column of [f, 1e3 f] to R^2 0.001 (0.315 alone)."""
+        enc, std = self._moments(data, client, spread=self._loss in BOUNDED_GRADIENT)
+        self._target_spread = (1.0,) if std is None else tuple(map(float, np.atleast_1d(std)))
         return enc
 
     def predict(self, X: Any, return_std: bool = False) -> Any:

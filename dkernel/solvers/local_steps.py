@@ -59,14 +59,16 @@ def round_constants(P: Any) -> dict[str, np.ndarray]:
     return {"pre_vectors": P.vectors, "pre_shrink": 1.0 - P.tau * P.tail / P.values[: P.q]}
 
 
-def round_payload(coef: np.ndarray, t: float, *, gamma0: float, step_decay: float,
-                  ridge: float, grad_scale: float, step_rows: int, beta: float,
-                  new_top: float, short_steps: bool) -> dict[str, Any]:
+def round_payload(coef: np.ndarray, t: float, *, gamma0: float | np.ndarray,
+                  step_decay: float, ridge: float, grad_scale: float, step_rows: int,
+                  beta: float, new_top: float, short_steps: bool) -> dict[str, Any]:
     """A round's settings for :func:`local_round`: the coefficients (float64), the
-    schedule's count t of steps so far, gamma_0 (back-offs included), the rows
+    schedule's count t of steps so far, gamma_0 (back-offs included; an array of
+    one per output broadcasts over the coefficients' columns), the rows
     b of a local step and, with ``short_steps``, the EigenPro step ratio
     eta(m) / eta(b) for a short last slice."""
-    return {"round_coef": coef, "t": float(t), "gamma0": float(gamma0),
+    gamma0 = np.asarray(gamma0, dtype=np.float64) if np.ndim(gamma0) else float(gamma0)
+    return {"round_coef": coef, "t": float(t), "gamma0": gamma0,
             "step_decay": float(step_decay), "ridge": float(ridge),
             "grad_scale": float(grad_scale), "step_rows": int(step_rows), "beta": float(beta),
             "new_top": float(new_top), "short_steps": bool(short_steps)}
