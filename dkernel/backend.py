@@ -32,7 +32,10 @@ def namespace(x: Any) -> ModuleType:
 #: message buffer (distributed packs a message's frames back to back), even off
 #: their itemsize.  OpenBLAS ran at half speed on such an operand: 2.6 s vs 1.3 s
 #: for a (1024 x 784) @ (784 x 60000) float32 product on one core.  16 bytes is
-#: what NumPy's own allocations give.
+#: what NumPy's own allocations give.  An array off its itemsize also rounds
+#: differently: NumPy's matmul first copies it into C order, so a transposed view
+#: (Oja's Z_b^T C) goes to BLAS untransposed, 3.3e-7 (relative, float32) away
+#: from the aligned product -- a model would then depend on where a task ran.
 _ALIGNMENT = 16
 
 
@@ -53,6 +56,26 @@ def align_arrays(d: dict) -> dict:
         if isinstance(v, np.ndarray) and v.ctypes.data % _ALIGNMENT:
             d[k] = aligned(v)
     return d
+
+
+def aligned_tree(obj: Any) -> Any:
+    """``obj`` with every misaligned NumPy array in it, at any depth of dicts,
+    lists and tuples, replaced by an aligned copy (:func:`aligned`).
+
+    Not in place: a container is rebuilt only where something in it was
+    copied, so an object that arrived aligned (or never travelled) is returned
+    as it is, and a task result the worker still holds is never changed."""
+    if isinstance(obj, np.ndarray):
+        return aligned(obj)
+    if isinstance(obj, dict):
+        new = {k: aligned_tree(v) for k, v in obj.items()}
+        return obj if all(new[k] is v for k, v in obj.items()) else new
+    if isinstance(obj, (list, tuple)):
+        items = [aligned_tree(v) for v in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 def asarray_like(a: np.ndarray, like: Any) -> Any:

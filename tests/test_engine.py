@@ -10,7 +10,7 @@ import warnings
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster, get_task_stream
+from distributed import Client, LocalCluster, get_task_stream, get_worker
 
 from dkernel import DSGClassifier, DSGRegressor, EigenProRegressor, FitQualityWarning
 from dkernel.data import ChunkPlan, open_dataset
@@ -170,6 +170,21 @@ def test_aligned_copies_only_misaligned_arrays():
     assert align_arrays(d) is d and d["b"] is ok and d["a"].ctypes.data % 16 == 0
 
 
+def test_aligned_tree_copies_misaligned_arrays_at_any_depth_and_leaves_the_input_alone():
+    from dkernel.backend import aligned_tree
+
+    raw = np.frombuffer(bytearray(4 * 100 + 3), dtype=np.uint8)[3:].view(np.float32)
+    ok = np.ones(100, dtype=np.float32)
+    tree = {"a": ok, "b": [ok, (raw, 2)], "c": "x"}
+    out = aligned_tree(tree)
+    assert out is not tree and tree["b"][1][0] is raw  # (a fold's input is a worker's result)
+    assert out["a"] is ok and out["b"][0] is ok and out["c"] == "x"
+    assert out["b"][1][0].ctypes.data % 16 == 0 and np.array_equal(out["b"][1][0], raw)
+    assert isinstance(out["b"][1], tuple) and out["b"][1][1] == 2
+    clean = {"a": ok, "b": [ok, (ok, 2)]}
+    assert aligned_tree(clean) is clean  # nothing copied where nothing travelled
+
+
 @pytest.mark.parametrize("mode, compacts", [("always", True), ("madvise", True),
                                             ("defer+madvise", True), ("defer", False),
                                             ("never", False)])
@@ -245,6 +260,35 @@ def test_scan_threads_state_through_chunks_in_order(client):
     for c in range(6):
         expect = expect * 1.0001 + X[c * 100:(c + 1) * 100, 0].astype(np.float64).sum()
     assert out["n"] == 600 and out["h"] == pytest.approx(expect, rel=1e-12)
+
+
+def _prepare_where(payload, X, y):
+    # a prepared chunk as Oja's: rows and a list of per-block products
+    Z = np.repeat(X, 64, axis=1)
+    return {"Z": Z, "G": [Z[:8] @ Z[:8].T], "where": get_worker().address}
+
+
+def _fold_offsets(state, prepared, payload):
+    here = get_worker().address
+    offsets = [a.ctypes.data % 16 for a in (prepared["Z"], prepared["G"][0], state["pad"])]
+    travelled = [prepared["where"] != here, state["where"] not in ("", here)]
+    return {"pad": state["pad"], "where": here, "log": state["log"] + [(offsets, travelled)]}
+
+
+@pytest.mark.parametrize("pad", [1, 300_000], ids=["the-state-travels", "the-chunks-travel"])
+def test_scan_folds_get_aligned_arrays_wherever_they_run(client, pad):
+    # A fold runs where the scheduler puts it: beside its prepared chunk (the
+    # state then comes from the previous fold's worker) or, with a state larger
+    # than a chunk, beside the state (the chunk then comes over).  Either way
+    # arrays arrive at any byte offset (seen: 14 for the state, 8 for a chunk),
+    # and a product on one off its itemsize rounds differently (backend.aligned):
+    # StreamingKernelPCA gave two 2-worker fits 3e-8 apart.
+    X = np.random.default_rng(0).standard_normal((1200, 1)).astype(np.float32)
+    data = open_dataset(da.from_array(X, chunks=(100, 1)))
+    state = {"pad": np.zeros(pad), "where": "", "log": []}
+    log = Engine(client).scan(data, _prepare_where, _fold_offsets, state)["log"]
+    assert any(any(travelled) for _, travelled in log), "nothing travelled: no test"
+    assert [offsets for offsets, _ in log] == [[0, 0, 0]] * 12
 
 
 def test_same_seed_gives_bit_identical_model_on_one_or_two_workers(client):

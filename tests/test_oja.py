@@ -132,6 +132,36 @@ def test_scan_through_engine_equals_local_fold(client):
     np.testing.assert_allclose(model.explained_variance_, lam, rtol=1e-5)
 
 
+def _off_alignment(a: np.ndarray, offset: int = 3) -> np.ndarray:
+    """A copy of ``a`` starting ``offset`` bytes off a 16-byte boundary, as an array
+    can arrive from another worker (distributed packs frames back to back)."""
+    buf = np.frombuffer(bytearray(a.nbytes + 32), dtype=np.uint8)
+    start = -buf.ctypes.data % 16 + offset
+    out = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def test_a_chunk_that_reaches_its_fold_off_alignment_folds_to_the_same_bits():
+    """The scheduler now and then runs a fold on the other worker, and the prepared
+    chunk then arrives off its alignment (seen: 15 bytes off).  NumPy copies such
+    an operand into C order first, so Z_b^T C went to BLAS untransposed and
+    rounded differently: two 2-worker fits were 3e-8 apart in components_.  The
+    engine's fold runner realigns what arrived: the fold where it was prepared."""
+    from dkernel.engine.reduce import _run_fold
+
+    payload = {"features": FeatureMap("gaussian", 1.5, 3, 128, 0), "n_blocks": 2,
+               "eta": 0.02, "block_rows": 128, "n_total": 600, "center": True}
+    state = oja.init_state(256, 3, 1, True)
+    state = oja.oja_fold(state, oja.oja_prepare(payload, _data(300, 4), None), payload)
+    prep = oja.oja_prepare(payload, _data(300, 5), None, start=300)
+    want = oja.oja_fold(state, prep, payload)
+    travelled = {**prep, "Z": _off_alignment(prep["Z"]),
+                 "G": [_off_alignment(g) for g in prep["G"]]}
+    got = _run_fold(oja.oja_fold, {**state, "V": _off_alignment(state["V"])}, travelled, payload)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
 def test_streaming_transform_lazy_save_load_and_cli(client, tmp_path, capsys):
     X = _data(4000, 3)
     store = write_store(tmp_path / "x.zarr", X, chunk_rows=1000)

@@ -41,7 +41,13 @@ from dkernel.engine.chunks import _BundleSource, _ChunkSource, _KeptSource
 from dkernel.engine.guard import PROBE_ROWS, DivergenceGuard
 from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress, report_epoch, time_budget
-from dkernel.engine.reduce import _CounterTree, _run_partial, _run_step_partial, tree_sum
+from dkernel.engine.reduce import (
+    _CounterTree,
+    _run_fold,
+    _run_partial,
+    _run_step_partial,
+    tree_sum,
+)
 from dkernel.engine.stall import result, scatter, wait_running
 
 
@@ -494,7 +500,9 @@ class Engine:
 
         ``prepare`` must not depend on the state, so the engine runs it ahead
         for up to ``window`` chunks in parallel while the folds run in chunk
-        order (the state moves between workers; it should be O(model)).
+        order (the state moves between workers; it should be O(model)).  A fold
+        runs on aligned copies of whatever arrived misaligned (``_run_fold``), so
+        the result does not depend on where each fold ran.
         With ``shuffle`` the chunk order is permuted per epoch.  The state is
         checkpointed every ``checkpoint_every`` chunks and a resumed scan skips
         the chunks already folded.  With ``pass_start`` prepare is called as
@@ -536,7 +544,7 @@ class Engine:
             chunk = source.get((c,))[c]
             fn = partial(prepare, start=int(rows_before[start + k])) if pass_start else prepare
             prepared = self.client.submit(_run_partial, fn, payload, chunk, None, pure=False)
-            current = self.client.submit(fold, current, prepared, payload, pure=False)
+            current = self.client.submit(_run_fold, fold, current, prepared, payload, pure=False)
             pending.append(current)
             self.peak_live = max(self.peak_live, len(pending))
             if len(pending) >= window:  # bound the chunks alive at once
