@@ -83,6 +83,18 @@ def top_eigh(A: np.ndarray, k: int, dtype: str = "float64") -> tuple[np.ndarray,
     return w[::-1].astype(np.float64), V[:, ::-1].astype(np.float64)
 
 
+def column_signs(components: np.ndarray) -> np.ndarray:
+    """+1 or -1 per column, making each column's largest-magnitude entry
+    positive (scikit-learn's ``svd_flip``).  An eigensolver leaves each
+    eigenvector's sign to rounding, so without a convention a fit on another
+    machine (another BLAS) could return a component, and its scores, negated."""
+    C = np.asarray(components)
+    if C.size == 0:
+        return np.ones(C.shape[-1] if C.ndim else 0)
+    top = C[np.argmax(np.abs(C), axis=0), np.arange(C.shape[1])]
+    return np.where(top < 0, -1.0, 1.0)
+
+
 # --- worker side ---------------------------------------------------------------
 def _row_norm_max(T: Any, mu: np.ndarray | None) -> float:
     """max_i |T_i - mu|^2 (mu None: 0), as |T_i|^2 - 2 T_i.mu + |mu|^2 without a copy of T."""

@@ -772,3 +772,33 @@ def test_two_view_models_name_their_scores_as_scikit_learns_cca(client, cls):
     names = m.get_feature_names_out()
     assert list(names) == [f"{cls.__name__.lower()}{i}" for i in range(2)]
     assert len(names) == np.asarray(m.transform(X)).shape[1]
+
+
+@pytest.mark.parametrize("make", [
+    lambda c: KernelPCA(3, n_features=256, client=c),
+    lambda c: KernelPCA(3, n_features=256, steps="power", batch_size=500, client=c),
+    lambda c: __import__("dkernel").StreamingKernelPCA(3, n_features=256, client=c),
+    lambda c: __import__("dkernel").StreamingKernelPCA(3, n_features=256, n_passes=1,
+                                                        client=c),
+    lambda c: KernelSVD(3, n_features=256, client=c),
+    lambda c: KernelCCA(2, n_features=128, n_epochs=1, client=c),
+], ids=["kpca-exact", "kpca-power", "streaming", "streaming-one-pass", "ksvd", "kcca"])
+def test_fitted_components_have_a_sign_that_does_not_hang_on_rounding(client, make, tmp_path):
+    # an eigensolver leaves each eigenvector's sign to rounding: a fit on another
+    # machine could return a component, and its scores, negated.  The largest entry
+    # of each fitted component is positive; a model file keeps the signs it holds.
+    from dkernel import save_model
+
+    X = _anisotropic(3000, 7)
+    Y = X[:, :2] ** 2 + 0.1 * np.random.default_rng(8).normal(size=(3000, 2))
+    model = make(client)
+    model.fit(X, Y) if isinstance(model, (KernelSVD, KernelCCA)) else model.fit(X)
+    name = "x_components_" if hasattr(model, "x_components_") else "components_"
+    C = getattr(model, name)
+    assert np.all(C[np.argmax(np.abs(C), axis=0), np.arange(C.shape[1])] > 0)
+    # a file written with other signs (an earlier version's fit) loads as written
+    setattr(model, name, -C)
+    if name == "components_" and hasattr(model, "mean_") and model.mean_.shape[-1] == C.shape[1]:
+        model.mean_ = -model.mean_  # (KernelPCA keeps the mean's scores)
+    save_model(model, tmp_path / "m.npz")
+    np.testing.assert_array_equal(getattr(load_model(tmp_path / "m.npz"), name), -C)

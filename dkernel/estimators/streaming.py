@@ -18,6 +18,7 @@ from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.spec import documented, params_of
 from dkernel.features import FeatureMap
+from dkernel.linalg import column_signs
 from dkernel.solvers import oja
 
 #: n_passes="auto" streams at least this many rows, in at most _MAX_PASSES passes:
@@ -109,6 +110,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                                     n_epochs=passes, fingerprint=oja.fingerprint(payload),
                                     label="oja", pass_start=True)
         V, lam = oja.ordered(state)
+        V = V * column_signs(V)  # a sign that does not hang on rounding
         mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])
         self._set_fitted(features, n_blocks, V, lam, eta, mean)
         # one stream: its length, and the variance the components capture over
@@ -138,7 +140,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # Z^T u / |Z^T u|, orthonormal where lambda > 0; QR keeps a basis where a
         # lambda is ~0 (n_components at the centred rank: u is noise there)
         V, R = np.linalg.qr(Z.T @ U)
-        V *= np.where(np.diag(R) < 0, -1.0, 1.0)
+        V *= column_signs(V)  # as the streamed fit's
         self.n_passes_ = 0
         self._set_fitted(features, n_blocks, V.astype(np.float64), lam, 0.0, mean)
         self.history_ = [{"epoch": 1, "rows": int(len(Z)), "seconds": seconds,

@@ -33,6 +33,7 @@ from dkernel.estimators.scoring import check_same_rows, score_targets
 from dkernel.estimators.spec import params_of
 from dkernel.features import FeatureMap
 from dkernel.kernels.exact import kernel_matrix
+from dkernel.linalg import column_signs
 from dkernel.solvers.components import (
     ComponentProgram,
     PowerProgram,
@@ -378,6 +379,10 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         A, Bc = state["coef0"], state["coef1"]
         Sx, Sy = self._metrics(M, A, Bc)
         Rx, Ry, sv = rotate_pair(Sx, Sy, M[:k, k:])
+        # a sign that does not hang on rounding; both views' columns together, so
+        # each pair's correlation keeps its sign
+        signs = column_signs(A @ Rx)
+        Rx, Ry = Rx * signs, Ry * signs
         self._set_fitted((fx, fy), (A @ Rx, Bc @ Ry), (mean[:k] @ Rx, mean[k:] @ Ry), sv)
         return self
 

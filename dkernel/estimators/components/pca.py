@@ -14,6 +14,7 @@ from dkernel.estimators.components.base import _DOC_POWER_ATTRIBUTES, _Component
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
+from dkernel.linalg import column_signs
 from dkernel.solvers.components import ComponentProgram, centred_moments, rotate_pca
 
 
@@ -87,6 +88,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             state, total = self._fit_steps(fit, (features,), n_blocks, steps, block_program)
         mean, M = centred_moments(total, bool(self.center))
         E, lam = rotate_pca(M)
+        E = E * column_signs(state["coef0"] @ E)  # a sign that does not hang on rounding
         self._set_fitted(features, state["coef0"] @ E, mean @ E, lam)
         return self
 
