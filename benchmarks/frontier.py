@@ -90,11 +90,19 @@ def nystroem_ridge(train: str, test: str, bandwidth: float, n_components: int) -
     return {"accuracy": float(pipe.score(Xte, yte)), "seconds": time.perf_counter() - t0}
 
 
+def _cores() -> int:
+    """The cores this process may use (Dask's count: CPU set and quota), as dkernel's
+    own LocalCluster counts them."""
+    from dask.system import cpu_count
+
+    return cpu_count()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-fashion", help="folder for the zarr stores")
     p.add_argument("--n-features", type=int, default=8192)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--workers", type=int, default=_cores())
     p.add_argument("--eigenpro", action="store_true",
                    help="also dkernel fit --solver eigenpro --bandwidth 5 vs Nystroem+Ridge")
     p.add_argument("--nystroem-components", type=int, default=10000)

@@ -501,8 +501,8 @@ def _resolved(model: Any) -> dict:
             continue
         if isinstance(v, (np.integer, np.floating)):
             v = v.item()
-        if isinstance(v, list):
-            v = len(v)
+        if isinstance(v, list):  # step_backoffs_: how many; step_size_: one per output
+            v = " ".join(f"{x:.4g}" for x in v) if a == "step_size_" else len(v)
         if isinstance(v, (int, float, str)):
             out[a.rstrip("_")] = v
     return out

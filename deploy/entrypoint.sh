@@ -20,13 +20,12 @@ case "$role" in
     worker)
         : "${DASK_SCHEDULER_ADDRESS:?set DASK_SCHEDULER_ADDRESS, e.g. tcp://scheduler:8786}"
         # One single-threaded process per core (NumPy/BLAS brings its own
-        # threads; see deploy/README.md), memory split between them.  The
-        # cores are Dask's count, which reads the container's CPU quota as
-        # well as its CPU set: nproc sees only the set, so "docker run
-        # --cpus 2" on a 64-core host started 64 workers on 2 cores' time.
-        workers="${DKERNEL_WORKERS:-$(python -c 'import dask.system; print(dask.system.CPU_COUNT)')}"
+        # threads; see deploy/README.md), memory split between them.  By
+        # default the cores are Dask's count (--nworkers -1), which reads the
+        # container's CPU quota as well as its CPU set: nproc sees only the
+        # set, so "docker run --cpus 2" on a 64-core host started 64 workers.
         exec dask worker "$DASK_SCHEDULER_ADDRESS" \
-            --nworkers "$workers" --nthreads 1 \
+            --nworkers "${DKERNEL_WORKERS:--1}" --nthreads 1 \
             --memory-limit "${DKERNEL_MEMORY_LIMIT:-auto}" \
             --local-directory "${DKERNEL_LOCAL_DIRECTORY:-/tmp/dask-worker-space}" \
             --death-timeout 60 "$@"

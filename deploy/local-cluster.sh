@@ -47,8 +47,7 @@ esac
 DIR="${DKERNEL_CLUSTER_DIR:-./dask-cluster}"
 HOST="${DKERNEL_SCHEDULER_HOST:-127.0.0.1}"
 PORT="${DKERNEL_SCHEDULER_PORT:-8786}"
-# the cores this host lets us use: Dask's count reads a CPU quota too (nproc does not)
-WORKERS="${DKERNEL_WORKERS:-$("${PYTHON:-python3}" -c 'import dask.system; print(dask.system.CPU_COUNT)' 2>/dev/null || nproc 2>/dev/null || echo 1)}"
+WORKERS="${DKERNEL_WORKERS:-}"  # default: the cores this host lets us use (below)
 THREADS="${DKERNEL_THREADS:-1}"
 MEMORY="${DKERNEL_MEMORY_LIMIT:-auto}"
 DASHBOARD="${DKERNEL_DASHBOARD_ADDRESS:-}"
@@ -83,7 +82,8 @@ done
 
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 is_uint "$PORT" || die "--port must be a number, got '$PORT'"
-is_uint "$WORKERS" && [[ "$WORKERS" -ge 1 ]] || die "--workers must be a positive integer, got '$WORKERS'"
+[[ -z "$WORKERS" ]] || { is_uint "$WORKERS" && [[ "$WORKERS" -ge 1 ]]; } \
+    || die "--workers must be a positive integer, got '$WORKERS'"
 is_uint "$THREADS" && [[ "$THREADS" -ge 1 ]] || die "--threads must be a positive integer, got '$THREADS'"
 is_uint "$TIMEOUT" && [[ "$TIMEOUT" -ge 1 ]] || die "--timeout must be a positive number of seconds, got '$TIMEOUT'"
 is_uint "$IDLE_TIMEOUT" || die "--idle-timeout must be a number of seconds, got '$IDLE_TIMEOUT'"
@@ -196,6 +196,8 @@ stop_group() {
 command -v "$DASK" >/dev/null || die "'$DASK' not found on PATH; install Dask with: pip install 'distributed'"
 PY="$(python_for_dask)"
 "$PY" -c 'import distributed' 2>/dev/null || die "'$PY' cannot import distributed; set PYTHON to the interpreter of your Dask install"
+# the cores this host lets us use: Dask's count, which reads a CPU quota too (nproc does not)
+[[ -n "$WORKERS" ]] || WORKERS="$("$PY" -c 'import dask.system; print(dask.system.CPU_COUNT)')"
 
 case "$command" in
 stop)

@@ -67,14 +67,16 @@ def aligned_tree(obj: Any) -> Any:
     as it is, and a task result the worker still holds is never changed."""
     if isinstance(obj, np.ndarray):
         return aligned(obj)
-    if isinstance(obj, dict):
+    # plain containers only: a namedtuple or a dict subclass is passed through
+    # as it is (rebuilt as a plain one it would lose its fields or its type)
+    if type(obj) is dict:
         new = {k: aligned_tree(v) for k, v in obj.items()}
         return obj if all(new[k] is v for k, v in obj.items()) else new
-    if isinstance(obj, (list, tuple)):
+    if type(obj) in (list, tuple):
         items = [aligned_tree(v) for v in obj]
         if all(a is b for a, b in zip(items, obj)):
             return obj
-        return items if isinstance(obj, list) else tuple(items)
+        return items if type(obj) is list else tuple(items)
     return obj
 
 

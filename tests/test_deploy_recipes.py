@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import pytest
 
 yaml = pytest.importorskip("yaml", reason="the manifests are read with PyYAML")
@@ -265,6 +266,14 @@ def test_jobqueue_recipe_keeps_the_malloc_settings_beside_a_users_own_prologue()
     # the user's value wins, and is not followed by dkernel's
     assert "export MALLOC_MMAP_THRESHOLD_=1048576" in lines
     assert "export MALLOC_MMAP_THRESHOLD_=33554432" not in lines
+    # a one-command assignment or a comment is not an export; a site's prologue in
+    # the Dask config (read by dask-jobqueue only when none is passed) is kept too
+    site = ["source /opt/venv/bin/activate", "MALLOC_TRIM_THRESHOLD_=1 python -c pass"]
+    with dask.config.set({"jobqueue.slurm.job-script-prologue": site}), \
+            recipe.make_cluster("slurm", scheduler_options={"dashboard_address": ":0"}) as cluster:
+        lines = cluster.job_script().splitlines()
+    assert "source /opt/venv/bin/activate" in lines
+    assert "export MALLOC_TRIM_THRESHOLD_=67108864" in lines
 
 
 def test_jobqueue_recipe_checks_the_store_before_submitting_jobs(tmp_path, capsys):

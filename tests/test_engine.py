@@ -183,6 +183,12 @@ def test_aligned_tree_copies_misaligned_arrays_at_any_depth_and_leaves_the_input
     assert isinstance(out["b"][1], tuple) and out["b"][1][1] == 2
     clean = {"a": ok, "b": [ok, (ok, 2)]}
     assert aligned_tree(clean) is clean  # nothing copied where nothing travelled
+    # a namedtuple or a dict subclass keeps its type (rebuilt plain, .V was lost)
+    from collections import OrderedDict, namedtuple
+
+    State = namedtuple("State", "V n")
+    state = State(raw, 3)
+    assert aligned_tree(state) is state and aligned_tree(OrderedDict(a=raw))["a"] is raw
 
 
 @pytest.mark.parametrize("mode, compacts", [("always", True), ("madvise", True),

@@ -38,6 +38,7 @@ def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4G
     processes with one thread each, ``memory`` per job split between them.
 
     Nothing is submitted until ``cluster.scale(jobs=N)``."""
+    import dask
     import dask_jobqueue
 
     if system not in SYSTEMS:
@@ -48,11 +49,16 @@ def make_cluster(system: str = "slurm", *, processes: int = 1, memory: str = "4G
     # Dask's 64 KiB trim threshold makes every chunk-sized buffer fault in fresh pages
     from dkernel.engine.cluster import WORKER_MALLOC
 
-    # after the caller's own prologue lines (a module load, a venv), unless they
-    # set a name themselves: a prologue given replaced these lines before
-    prologue = list(kwargs.pop("job_script_prologue", None) or [])
+    # after the site's own prologue lines (a module load, a venv: given here, or
+    # in the Dask config, which dask-jobqueue reads only when none is given),
+    # unless a line exports or unsets the name itself
+    given = kwargs.pop("job_script_prologue", None)
+    if given is None:
+        given = dask.config.get(f"jobqueue.{system}.job-script-prologue", None)
+    prologue = list(given or [])
     prologue += [f"export {name}={value}" for name, value in WORKER_MALLOC.items()
-                 if not any(re.search(rf"\b{name}=", line) for line in prologue)]
+                 if not any(re.match(rf"\s*(export\s+{name}=|unset\s+{name}\b|"
+                                     rf"declare\s+-x\s+{name}=)", line) for line in prologue)]
     kwargs["job_script_prologue"] = prologue
     return cls(
         cores=processes,          # = processes: one thread per worker process

@@ -109,7 +109,9 @@ STEP_SIZE = Param("step_size", AUTO, 'float or "auto"', auto_or(number()), """\
     c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
     operator on a 1000-row sample; either with alpha's curvature added,
     1 / (1 / gamma + alpha), so that the ridge term's shrink
-    1 - gamma alpha stays in (0, 1).  Stored as ``step_size_``.  A step
+    1 - gamma alpha stays in (0, 1); for a loss of bounded gradient (huber,
+    epsilon_insensitive, quantile) c_loss is times y's spread, each output
+    its own.  Stored as ``step_size_`` (a list where outputs differ).  A step
     that makes the loss blow up is undone and halved (recorded in
     ``step_backoffs_``).""", "sgd")
 STEP_DECAY = Param("step_decay", 1e-3, "float", number(0.0, low_open=False),

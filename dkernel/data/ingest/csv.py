@@ -231,8 +231,9 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     the first line) plus ``client``, the ``distributed.Client`` of the cluster
     that reads and writes (default: the current client; or ``scheduler``, an
     address to connect to for this call), ``blocksize``, the bytes per
-    task, and ``progress``, a progress bar's factory for the write pass
-    (:func:`~dkernel.data.store.write_arrays`).  Errors name the column (the
+    task, and ``progress``, a progress bar's factory for the counting and
+    the write pass (:func:`~dkernel.data.ingest.parallel.gather_counted`,
+    :func:`~dkernel.data.store.write_arrays`).  Errors name the column (the
     serial :func:`ingest_csv` also names the line).  The file is parsed twice:
     once to count the rows of every byte range (chunks must start at known
     rows), once to write.

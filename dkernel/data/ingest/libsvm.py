@@ -316,7 +316,9 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
     ``distributed.Client`` of the cluster that reads and writes (default: the
     current client; or ``scheduler``, an address to connect to for this call),
     ``blocksize``, the bytes of text per task, and ``progress``, a progress
-    bar's factory for the write pass (:func:`~dkernel.data.store.write_arrays`).  Every worker
+    bar's factory for the counting and the write pass
+    (:func:`~dkernel.data.ingest.parallel.gather_counted`,
+    :func:`~dkernel.data.store.write_arrays`).  Every worker
     must see the file under ``path``.  The store appears under ``out`` only when
     every chunk is written; errors name the line.
     """

@@ -59,14 +59,15 @@ def gather_counted(client: Any, futures: list, progress: Any, unit: str) -> list
     unit=unit)`` (a progress bar's factory; None: silent) as they finish: the
     readers' first pass over a large file (the rows of every byte range) said
     nothing, for as long as the write pass that follows it.  The first failed
-    future raises its error; the others are cancelled."""
+    future raises its error (counted, the others are cancelled then)."""
     if progress is None:
         return client.gather(futures)
     from distributed import as_completed
 
     bar = progress(len(futures), unit=unit)
     try:
-        for fut in as_completed(futures):
+        # on this client's loop: as_completed would ask for the default client
+        for fut in as_completed(futures, loop=client.loop):
             if fut.status != "finished":
                 fut.result()  # raises the part's error
             bar.update(1)
