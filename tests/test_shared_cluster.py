@@ -108,6 +108,35 @@ def test_store_rewritten_at_the_same_path_is_never_served_old_cached_blocks(clie
     np.testing.assert_array_equal(in_place, reference)
 
 
+@pytest.mark.parametrize("wrap", ["zarr.Array", "da.from_zarr", "in memory"])
+def test_a_zarr_array_written_in_place_is_never_served_old_cached_blocks(client, tmp_path,
+                                                                          wrap):
+    # a zarr array passed as an object (or through da.from_zarr) was named by its
+    # path and metadata only: rewritten in place, a second fit on the same cluster
+    # trained on the old data's feature blocks (R^2 -0.107 against 0.973)
+    import dask.array as da
+
+    rng = np.random.default_rng(6)
+    X_old, X_new = (rng.standard_normal((1000, 4)).astype(np.float32) for _ in range(2))
+    y = (X_new[:, 0] > 0).astype(np.int64)
+    kw = dict(kernel="gaussian", bandwidth=2.0, n_features=128, block_size=64, batch_size=128,
+              n_epochs=2, random_state=4)
+    store = zarr.storage.MemoryStore() if wrap == "in memory" else str(tmp_path / "X.zarr")
+    z = zarr.open_array(store, mode="w", shape=X_old.shape, chunks=(CHUNK, 4), dtype="f4")
+    given = (lambda: da.from_zarr(z)) if wrap == "da.from_zarr" else (lambda: z)
+    z[:] = X_old
+    DSGClassifier(**kw, client=client).fit(given(), y)
+    z[:] = X_new
+    rewritten = DSGClassifier(**kw, client=client).fit(given(), y).coef_
+    reference = DSGClassifier(**kw, client=client).fit(
+        write_store(tmp_path / "new.zarr", X_new, y, chunk_rows=CHUNK)).coef_
+    np.testing.assert_array_equal(rewritten, reference)
+    # on disk, an array that was not rewritten keeps its name (its blocks are
+    # reused); in memory, with no record of writes, it gets a new one each time
+    same = open_dataset(given(), y).X.name == open_dataset(given(), y).X.name
+    assert same is (wrap != "in memory")
+
+
 def test_a_running_fit_keeps_its_cached_blocks_while_another_fit_asks_for_room():
     import dask
 
