@@ -26,7 +26,7 @@ from sklearn.utils.validation import check_array, column_or_1d, validate_data
 from dkernel.data.dataset import Dataset, StoreArrays, open_dataset, read_store_rows
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import EngineOptions
-from dkernel.engine.stall import result, scatter, wait_running
+from dkernel.engine.stall import gather, result, scatter
 from dkernel.estimators.model_file import register, write_model
 from dkernel.estimators.params import AUTO, check_values
 from dkernel.estimators.spec import check_random_state_param, params_of
@@ -267,8 +267,8 @@ def sample_rows(data: Dataset, random_state: int, client: Any,
             blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
             parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
                                     for b, c in zip(blocks, chunks)])
-        wait_running(client, parts, "the sample")
-        sample = np.concatenate([np.asarray(p, dtype=np.float64) for p in client.gather(parts)])
+        sample = np.concatenate([np.asarray(p, dtype=np.float64)
+                                 for p in gather(client, parts, "the sample")])
     bad = ~np.isfinite(sample).all(axis=1)
     if bad.any():
         raise ValueError(

@@ -13,7 +13,7 @@ from dkernel.data.dataset import Dataset
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.chunks import worker_rows
-from dkernel.engine.stall import result, wait_running
+from dkernel.engine.stall import gather, result
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import validation_score
 from dkernel.solvers.eigenpro import predict_kernel, step_size
@@ -122,9 +122,7 @@ def rows_as_float32(data: Dataset, client: Any, chunks: dict | None = None) -> n
     if data.host is not None:
         return np.ascontiguousarray(data.host[0], dtype=np.float32)
     if chunks is not None:
-        futs = [chunks[c] for c in range(data.n_chunks)]
-        wait_running(client, futs, "the centers' rows")
-        parts = client.gather(futs)
+        parts = gather(client, [chunks[c] for c in range(data.n_chunks)], "the centers' rows")
         return np.concatenate([np.asarray(X, dtype=np.float32) for X, _ in parts])
     return np.ascontiguousarray(result(client, client.compute(data.X.astype(np.float32)),
                                        "the centers' rows"))
