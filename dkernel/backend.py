@@ -148,3 +148,38 @@ def plain_pages() -> Iterator[None]:
             _advice_off -= 1
             if _advice_off == 0:
                 _HUGEPAGE_SETTER(_advice_before)
+
+
+# --- the client's BLAS threads ----------------------------------------------------------
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limiter: Any = None
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS on one thread in this process while any caller is inside.
+
+    ``threadpoolctl``'s limit is process-wide, and its context manager restores
+    the value it found on entry: two fits on two threads of one client
+    (concurrent.futures, joblib's threading backend) overlapped, the second
+    saved the first one's 1, restored it last, and the client's BLAS stayed on
+    one thread for the session -- every later fit's eigensolves then rounded
+    differently (coefficients 1e-6 apart).  Here the first caller in sets the
+    limit and the last one out restores what was there before."""
+    global _blas_users, _blas_limiter
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_limiter = threadpool_limits(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None
+

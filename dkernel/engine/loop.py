@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 from distributed import Client, Future
-from threadpoolctl import threadpool_limits
 
+from dkernel.backend import one_blas_thread
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
 from dkernel.engine.checkpoint import DATA, Checkpointer, data_identity
@@ -114,7 +114,7 @@ def _one_blas_thread(method: Callable) -> Callable:
     """
     @wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with threadpool_limits(limits=1, user_api="blas"):
+        with one_blas_thread():  # (shared by fits on several threads: backend.py)
             return method(*args, **kwargs)
     return run
 

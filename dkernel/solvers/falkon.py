@@ -42,9 +42,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 from scipy.linalg import blas
-from threadpoolctl import threadpool_limits
 
-from dkernel.backend import namespace
+from dkernel.backend import namespace, one_blas_thread
 from dkernel.engine.program import Chunk
 from dkernel.solvers.kernel_rows import (
     buffer,
@@ -75,7 +74,7 @@ def _cholesky_upper(K: np.ndarray) -> np.ndarray:
     bundled OpenBLAS (0.3.31) crashed the same way at p = 20000.  The p^3 / 3
     flops are paid once per fit, against passes over n x p kernel rows.
     """
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():  # (a limit shared with fits on other threads: backend.py)
         return scipy.linalg.cholesky(K, lower=False, overwrite_a=True, check_finite=False)
 
 
