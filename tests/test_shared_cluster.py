@@ -137,6 +137,39 @@ def test_a_zarr_array_written_in_place_is_never_served_old_cached_blocks(client,
     assert same is (wrap != "in memory")
 
 
+def test_a_finished_fits_blocks_may_be_evicted_at_once_and_a_fit_retires_its_runs(client):
+    # a finished fit's blocks counted as live for 60 s: the next fit of a grid
+    # search found no room (the third of three back-to-back fits declined every
+    # block), and every fit left an owner in the workers' records for good
+    import dask
+
+    block = np.ones(1000, np.float64)
+    cache.clear()
+    try:
+        with dask.config.set({"dkernel.cache-fraction": 1.0}):
+            limit = cache.budget()
+        room = {"dkernel.cache-fraction": 3.5 * block.nbytes / limit,
+                "dkernel.cache-live-seconds": 60}
+        with dask.config.set(room):
+            for i in range(3):
+                cache.lookup_or_fill(("a", i), block.copy, block.nbytes, owner="a")
+            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") is None
+            cache.retire(["a"])  # a's fit has ended
+            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") \
+                is not None
+            assert ("a", 2) in cache._entries  # (only the room b needed was taken)
+    finally:
+        cache.clear()
+
+    def owners(dask_worker=None) -> list:
+        return sorted(map(str, cache._seen))
+
+    before = client.run(owners)
+    X = np.random.default_rng(1).standard_normal((1000, 4)).astype(np.float32)
+    DSGRegressor(n_features=128, n_epochs=3, client=client).fit(X, X[:, 0])
+    assert client.run(owners) == before
+
+
 def test_a_running_fit_keeps_its_cached_blocks_while_another_fit_asks_for_room():
     import dask
 

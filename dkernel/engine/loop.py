@@ -27,13 +27,13 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, replace
-from functools import partial, wraps
+from functools import partial
 from typing import Any
 
 import numpy as np
 from distributed import Client, Future
 
-from dkernel.backend import one_blas_thread
+from dkernel.backend import on_one_blas_thread
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
 from dkernel.engine.checkpoint import DATA, Checkpointer, data_identity
@@ -100,25 +100,6 @@ def _json_safe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for e in entries]
 
 
-def _one_blas_thread(method: Callable) -> Callable:
-    """Run ``method`` with the client's BLAS on one thread.
-
-    The client's work during a pass (each step's update: O(D q c) for a
-    preconditioned step) is small, but a threaded BLAS call leaves OpenBLAS's
-    helper threads spinning for a while after it returns, on the cores the
-    workers compute on.  On the 2-core VM (DSG, 2M x 32, 2 workers, 16 steps)
-    the client process burned 2.5-2.8 CPU seconds per fit with 2 BLAS threads
-    and 1.1-1.3 with one, and the epoch took 4.3 s instead of 3.8 s.
-    ``threadpool_limits`` is process-wide: BLAS work in other client threads
-    during the pass runs on one thread too.
-    """
-    @wraps(method)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with one_blas_thread():  # (shared by fits on several threads: backend.py)
-            return method(*args, **kwargs)
-    return run
-
-
 class Engine:
     """Runs solver programs on a Dask cluster.  See module docstring."""
 
@@ -126,6 +107,7 @@ class Engine:
         self.client = client
         self.options = options or EngineOptions()
         self._last_run: str | None = None
+        self.runs: list[str] = []  # owners of blocks cached on the workers (new_run)
         #: in-memory chunks scattered by this engine's passes (:class:`_ChunkSource`)
         self._scattered: dict = {}
         #: Most chunk/partial futures alive at once in the last map_reduce or scan.
@@ -145,7 +127,7 @@ class Engine:
         lanes = self.resolve_lanes(data)
         return ChunkPlan(data.row_chunks, int(batch_size), lanes, int(random_state))
 
-    @_one_blas_thread
+    @on_one_blas_thread
     def run_steps(self, data: Dataset, program: StepProgram, *, n_epochs: int,
                   batch_size: int, random_state: int,
                   on_epoch: Callable[[dict, int], None] | None = None,
@@ -204,7 +186,7 @@ class Engine:
             source = _KeptSource(source)
         constants = program.constants()
         extra = () if constants is None else (_ship(self.client, constants),)
-        run = self._last_run = uuid.uuid4().hex  # owner of the blocks it caches on the workers
+        run = self._last_run = self.new_run()  # owner of the blocks it caches on the workers
         if guard.pool_rows and "guard_reference" not in state:  # (guard.PROBE_ROWS)
             guard.set_reference(state, self._probe_loss(program, state, plan, source, data, 0,
                                                         0, extra, run, rows=PROBE_ROWS))
@@ -415,7 +397,7 @@ class Engine:
         # a pass after a fit (its final moments) reads the fit's cached blocks as
         # their owner: it visits each once, and evicting unread ones to fill
         # blocks it will not read again would only turn later hits into misses
-        run = self._last_run or uuid.uuid4().hex
+        run = self._last_run or self.new_run()
         n = data.n_chunks
         window = window or max(2, 2 * self.n_threads())
         progress = Progress(n, label, self.options.progress, unit="chunks")
@@ -455,6 +437,23 @@ class Engine:
         source = _ChunkSource(self.client, data, self.options.dtype, self._scattered)
         futs = source.get(tuple(range(data.n_chunks)))
         return futs, [(source.home(c) or [None])[0] for c in range(data.n_chunks)]
+
+    def new_run(self, prefix: str = "") -> str:
+        """A fresh owner of blocks cached on the workers, retired by :meth:`retire`."""
+        self.runs.append(f"{prefix}{uuid.uuid4().hex}")
+        return self.runs[-1]
+
+    def retire(self) -> None:
+        """The fit is over (or failed): its runs' cached blocks may be evicted at
+        once by another fit (:func:`dkernel.engine.cache.retire`).  Quiet."""
+        from dkernel.engine import cache
+
+        runs, self.runs = self.runs, []
+        try:
+            if runs:
+                self.client.run(cache.retire, runs)
+        except Exception:  # (a closed client or lost workers: nothing to tell them)
+            pass
 
     def n_workers(self) -> int:
         """Workers the scheduler knows now (at least 1)."""

@@ -90,6 +90,9 @@ class FitContext:
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:  # its cached blocks stay, evictable (cache.retire)
+            engine.retire()
         return self._stack.__exit__(*exc)
 
     # sampling and the kernel ---------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 import warnings
 from typing import Any
 
@@ -104,7 +103,7 @@ class KernelRoute(Route):
                            # one fill's own private keys: two fits of the same rows at
                            # once took each other's half-filled blocks ("FillLost")
                            self.est.kernel, bandwidth, mode,
-                           owner=f"fill-{token}-{uuid.uuid4().hex[:8]}",
+                           owner=fit.engine.new_run(f"fill-{token}-"),
                            progress=fit.engine.options.progress)
         except FillLost as exc:  # the steps fill per chunk instead (they survive worker loss)
             warnings.warn(f"{exc}; the kernel rows are filled per chunk during epoch 1",
