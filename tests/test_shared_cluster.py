@@ -158,6 +158,15 @@ def test_a_finished_fits_blocks_may_be_evicted_at_once_and_a_fit_retires_its_run
             assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") \
                 is not None
             assert ("a", 2) in cache._entries  # (only the room b needed was taken)
+        # a fill writing into its blocks (peek) counts as running: a fill longer
+        # than the live time kept its half-written blocks only until then
+        cache.clear()
+        with dask.config.set({**room, "dkernel.cache-live-seconds": 0.2}):
+            for i in range(3):
+                cache.lookup_or_fill(("f", i), block.copy, block.nbytes, owner="fill")
+            time.sleep(0.3)
+            assert cache.peek(("f", 0)) is not None
+            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") is None
     finally:
         cache.clear()
 

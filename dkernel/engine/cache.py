@@ -185,10 +185,16 @@ def clear() -> None:
 
 def peek(key: Hashable) -> Any | None:
     """The cached value of ``key`` (None if absent), counting no hit: for a
-    pre-pass that writes into an entry it allocated."""
+    pre-pass that writes into an entry it allocated.  The entry's owner counts
+    as running again (a fill longer than ``dkernel.cache-live-seconds`` kept
+    its half-written blocks from other fits only until then)."""
     with _lock:
         entry = _entries.get(key)
-        return None if entry is None else entry[0]
+        if entry is None:
+            return None
+        if entry[1] is not None:
+            _seen[entry[1]] = time.monotonic()
+        return entry[0]
 
 
 def discard(key: Hashable) -> bool:
