@@ -152,37 +152,21 @@ def plain_pages() -> Iterator[None]:
 
 
 # --- the client's BLAS threads ----------------------------------------------------------
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_limiter: Any = None
-
-
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
-    """BLAS on one thread in this process while any caller is inside.
+    """BLAS on one thread in this process while inside (``threadpoolctl``: the
+    limit is process-wide, and the value found on entry is restored on exit).
 
-    ``threadpoolctl``'s limit is process-wide, and its context manager restores
-    the value it found on entry: two fits on two threads of one client
-    (concurrent.futures, joblib's threading backend) overlapped, the second
-    saved the first one's 1, restored it last, and the client's BLAS stayed on
-    one thread for the session -- every later fit's eigensolves then rounded
-    differently (coefficients 1e-6 apart).  Here the first caller in sets the
-    limit and the last one out restores what was there before."""
-    global _blas_users, _blas_limiter
+    Not solved: two fits on two threads of one client overlap, the second
+    saves the first one's 1 and restores it last, and the client's BLAS stays
+    on one thread for the session (later fits' eigensolves then round
+    differently).  A reference count (first in sets, last out restores) did
+    not cure it: with OpenBLAS 0.3.30/0.3.31 a count raised from one thread
+    does not take effect while the thread that lowered it is alive."""
     from threadpoolctl import threadpool_limits
 
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_limiter = threadpool_limits(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
+    with threadpool_limits(limits=1, user_api="blas"):
         yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limiter.restore_original_limits()
-                _blas_limiter = None
 
 
 def on_one_blas_thread(method: Callable) -> Callable:

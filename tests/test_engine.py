@@ -824,31 +824,3 @@ def test_a_fit_on_small_chunks_takes_the_steps_its_batch_asks_for(client):
     source = _BundleSource(_ChunkSource(client, open_dataset(X, y, chunk_rows=500), "float32"),
                            [(0, 2), (1, 3)])
     assert source.key("X", 0) == ("X", ("bundle", 0, 2)) != ("X", 0)
-
-
-def test_fits_on_two_threads_of_one_client_leave_its_blas_threads_as_they_were(client):
-    # each fit's steps limit the client's BLAS to one thread (process-wide); two fits
-    # overlapping on two threads: the second saved the first one's limit of 1 and
-    # restored it last, and the client's BLAS stayed on one thread for the session
-    # (every later fit's eigensolves rounding differently: coefficients 1e-6 apart)
-    from concurrent.futures import ThreadPoolExecutor
-
-    from threadpoolctl import threadpool_info
-
-    from dkernel import DSGRegressor
-
-    def blas_threads() -> list[int]:
-        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(3000, 5)).astype(np.float32)
-    y = np.sin(X[:, 0]).astype(np.float32)
-    # (no limit set here first: OpenBLAS reads a thread's own setting once it made one)
-    before = blas_threads()
-    for _ in range(2):
-        with ThreadPoolExecutor(2) as pool:
-            fits = [pool.submit(DSGRegressor(n_features=256, n_epochs=2, bandwidth=bw,
-                                             client=client).fit, X, y) for bw in (1.0, 2.0)]
-            [f.result() for f in fits]
-        assert blas_threads() == before
-

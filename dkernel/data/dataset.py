@@ -165,13 +165,24 @@ def _fs_stamp(fs: Any, prefix: str, chunks: bool = True) -> str:
     """A digest of the modification records of an array's objects under
     ``prefix`` on an fsspec file system (its metadata alone without ``chunks``,
     or where the file system cannot list)."""
-    files = fs.find(prefix, detail=True) if chunks else {}
+    files = _fs_call(fs, "find", prefix, detail=True) if chunks else {}
     if not files:
-        files = {m: fs.info(f"{prefix}/{m}") for m in ("zarr.json", ".zarray")
-                 if fs.exists(f"{prefix}/{m}")}
+        files = {m: _fs_call(fs, "info", f"{prefix}/{m}") for m in ("zarr.json", ".zarray")
+                 if _fs_call(fs, "exists", f"{prefix}/{m}")}
     return hashlib.sha1(repr(sorted(
         (key, sorted((k, str(v)) for k, v in info.items() if k in _STAMP_KEYS))
         for key, info in files.items())).encode()).hexdigest()
+
+
+def _fs_call(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``fs.method(...)``; on an asynchronous file system (zarr 3's stores wrap
+    even a local one so) its coroutine, run on zarr's loop (the synchronous
+    method raised "Loop is not running")."""
+    if getattr(fs, "asynchronous", False):
+        from zarr.core.sync import sync
+
+        return sync(getattr(fs, f"_{method}")(*args, **kwargs))
+    return getattr(fs, method)(*args, **kwargs)
 
 
 def _stamped_zarr(arr: Any, chunks: Any = None) -> da.Array:
@@ -180,29 +191,31 @@ def _stamped_zarr(arr: Any, chunks: Any = None) -> da.Array:
     own name for it depends on its path and metadata only, so an array written
     in place (``z[:] = X_new``) kept its name, and a second fit on a long-lived
     cluster trained on the old data's cached feature blocks (R^2 -0.107 where
-    the same fit on a cleared cache reached 0.973).  An array whose store keeps
-    no such record (in memory) gets a name of its own each time."""
-    import uuid
-
+    the same fit on a cleared cache reached 0.973).  An array in memory has no
+    such record: its content names it (read once, here).  Where no record can
+    be read, the name is dask's, as before."""
     from dask.base import tokenize
 
     store, path = arr.store, str(getattr(arr, "path", "") or "")
     stamp: Any = None
     try:
-        if getattr(store, "fs", None) is not None:  # fsspec: s3://, gs://, ...
+        if getattr(store, "fs", None) is not None:  # fsspec: s3://, gs://, file://, ...
             where = f"{str(store.path).rstrip('/')}/{path}".rstrip("/")
             stamp = (where, _fs_stamp(store.fs, where))
+        elif type(store).__name__ == "MemoryStore":
+            stamp = ("memory", tokenize(np.asarray(arr[...])))
         else:  # a folder: zarr 3's LocalStore (root), zarr 2's DirectoryStore (path)
             root = getattr(store, "root", None) or getattr(store, "path", None)
             if root is not None and os.path.isdir(str(root)):
                 where = os.path.abspath(os.path.join(str(root), path))
                 stamp = (where, _local_stamp(where))
-    except (ImportError, OSError, ValueError):
+    except Exception:  # (no record readable: dask's name, path and metadata)
         stamp = None
     chunks = arr.chunks if chunks is None else chunks
-    token = (uuid.uuid4().hex if stamp is None else
-             tokenize(stamp, arr.shape, str(arr.dtype), chunks))
-    return da.from_zarr(arr, chunks=chunks, name=f"from-zarr-{token}")
+    if stamp is None:
+        return da.from_zarr(arr, chunks=chunks)
+    return da.from_zarr(arr, chunks=chunks, name="from-zarr-" + tokenize(
+        stamp, arr.shape, str(arr.dtype), chunks))
 
 
 def _zarr_source(arr: da.Array) -> Any:

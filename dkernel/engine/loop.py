@@ -449,10 +449,12 @@ class Engine:
         from dkernel.engine import cache
 
         runs, self.runs = self.runs, []
-        try:
-            if runs:
-                self.client.run(cache.retire, runs)
-        except Exception:  # (a closed client or lost workers: nothing to tell them)
+        if not runs or self.client.status != "running":  # (a scheduler gone: nothing to tell)
+            return
+        try:  # bounded: an unanswered run waited 60 s before the fit's own error showed
+            self.client.sync(self.client._run, cache.retire, runs, on_error="ignore",
+                             callback_timeout=5)
+        except Exception:
             pass
 
     def n_workers(self) -> int:

@@ -91,8 +91,12 @@ class FitContext:
 
     def __exit__(self, *exc: Any) -> bool | None:
         engine = getattr(self, "engine", None)
-        if engine is not None:  # its cached blocks stay, evictable (cache.retire)
-            engine.retire()
+        try:
+            if engine is not None:  # its cached blocks stay, evictable (cache.retire)
+                engine.retire()
+        except BaseException:  # (a Ctrl-C during it still closes the cluster connect() started)
+            self._stack.__exit__(*exc)
+            raise
         return self._stack.__exit__(*exc)
 
     # sampling and the kernel ---------------------------------------------------------
