@@ -214,13 +214,19 @@ def _stamped_zarr(arr: Any, chunks: Any = None) -> da.Array:
     chunks = arr.chunks if chunks is None else chunks
     if stamp is None:
         return da.from_zarr(arr, chunks=chunks)
-    return da.from_zarr(arr, chunks=chunks, name="from-zarr-" + tokenize(
+    return da.from_zarr(arr, chunks=chunks, name=_STAMPED + tokenize(
         stamp, arr.shape, str(arr.dtype), chunks))
+
+
+#: Name prefix of a zarr array :func:`_stamped_zarr` named: validation then
+#: :func:`open_dataset` see it twice a fit, and stamped it twice (a stat of
+#: every chunk file, or a whole in-memory array read and hashed, each time).
+_STAMPED = "from-zarr-stamped-"
 
 
 def _zarr_source(arr: da.Array) -> Any:
     """The zarr array a ``da.from_zarr`` array reads, or None for any other dask array."""
-    if not arr.name.startswith("from-zarr-"):
+    if not arr.name.startswith("from-zarr-") or arr.name.startswith(_STAMPED):
         return None
     graph = arr.__dask_graph__()
     source = graph.get(f"original-{arr.name}") if hasattr(graph, "get") else None

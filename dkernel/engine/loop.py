@@ -453,7 +453,7 @@ class Engine:
             return
         try:  # bounded: an unanswered run waited 60 s before the fit's own error showed
             self.client.sync(self.client._run, cache.retire, runs, on_error="ignore",
-                             callback_timeout=5)
+                             callback_timeout=20)
         except Exception:
             pass
 
