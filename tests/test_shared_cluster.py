@@ -210,6 +210,38 @@ def test_a_running_fit_keeps_its_cached_blocks_while_another_fit_asks_for_room()
         cache.clear()
 
 
+def test_a_block_two_running_fits_share_stays_while_either_runs():
+    # a block kept only for the last fit that touched it became evictable when
+    # that fit retired, though another running fit still used it: a third fit
+    # evicted it, and so did the sharer itself when it made room for a block
+    import dask
+
+    block = np.ones(1000, np.float64)
+    cache.clear()
+    try:
+        with dask.config.set({"dkernel.cache-fraction": 1.0}):
+            limit = cache.budget()
+        room = {"dkernel.cache-fraction": 2.5 * block.nbytes / limit,
+                "dkernel.cache-live-seconds": 60}
+        with dask.config.set(room):
+            for owner in ("b", "a"):  # both fits read the shared chunk, a last
+                cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes, owner=owner)
+            cache.lookup_or_fill(("a", 1), block.copy, block.nbytes, owner="a")
+            cache.retire(["a"])  # a ends; b is still running
+            assert cache.lookup_or_fill(("c", 0), block.copy, block.nbytes, owner="c") \
+                is not None  # c takes the room a's own block leaves...
+            assert ("shared", 0) in cache._entries  # ...and not b's
+            assert ("a", 1) not in cache._entries
+            assert cache.lookup_or_fill(("b", 1), block.copy, block.nbytes, owner="b") is None
+            assert ("shared", 0) in cache._entries  # b streams rather than evict its own
+            cache.retire(["b"])
+            assert cache.lookup_or_fill(("c", 1), block.copy, block.nbytes, owner="c") \
+                is not None
+            assert ("shared", 0) not in cache._entries  # no fit uses it now
+    finally:
+        cache.clear()
+
+
 # ------------------------------------------------------------- worker kills
 
 # 4 epochs (~128 steps) and kills in the first half: a replacement worker takes seconds to

@@ -19,7 +19,9 @@ budget evicts each block just before it is needed again -- a hit rate of
 zero however close the budget is to the working set.  Keeping the blocks
 that were filled first and declining the rest gives a hit rate of budget /
 working set.  A block filled by an earlier run (another fit, or the same
-fit before a restart) becomes the current run's on its first hit.
+fit before a restart) becomes the current run's on its first hit.  A block
+two running fits share (the same data and seed) belongs to both: it stays
+while either is running, and neither evicts it to make room.
 """
 
 from __future__ import annotations
@@ -100,13 +102,24 @@ def budgets(client: Any) -> dict[str, int]:
     return dict(zip(workers, gather(client, futs, "the workers' memory query")))
 
 
-def _evictable(owner: Hashable | None, entry_owner: Hashable | None, now: float,
+def _evictable(owner: Hashable | None, entry_owners: frozenset, now: float,
                live: float) -> bool:
-    """Whether ``owner`` may evict a block of ``entry_owner`` (lock held): one
-    of another owner that has not asked for a block in ``live`` seconds."""
+    """Whether ``owner`` may evict a block of ``entry_owners`` (lock held): one
+    that ``owner`` does not use, whose every user has not asked for a block in
+    ``live`` seconds (or has retired).  A block kept only for its last user
+    was evicted when that fit retired, though another fit sharing it was still
+    running -- by a third fit, or by the sharer itself making room."""
     if owner is None:
         return True
-    return entry_owner != owner and now - _seen.get(entry_owner, -math.inf) > live
+    return owner not in entry_owners and all(
+        now - _seen.get(o, -math.inf) > live for o in entry_owners)
+
+
+def _owners(owner: Hashable | None, previous: frozenset = frozenset()) -> frozenset:
+    """The users of a block ``owner`` touches (lock held): the running ones of
+    ``previous`` (retired fits are dropped, so the set stays small) and it."""
+    kept = frozenset(o for o in previous if o in _seen)
+    return kept if owner is None else kept | {owner}
 
 
 def _room(limit: int, owner: Hashable | None, now: float, live: float) -> int:
@@ -129,9 +142,9 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
             _seen[owner] = now
         if key in _entries:
             _entries.move_to_end(key)
-            value, old_owner = _entries[key]
-            if owner is not None and old_owner != owner:
-                _entries[key] = (value, owner)
+            value, old_owners = _entries[key]
+            if owner is not None and owner not in old_owners:
+                _entries[key] = (value, _owners(owner, old_owners))
             _stats["hits"] += 1
             return value
         limit = budget()
@@ -150,7 +163,7 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
             if _bytes + value.nbytes <= limit:
                 break
             _bytes -= _entries.pop(k)[0].nbytes
-        _entries[key] = (value, owner)
+        _entries[key] = (value, _owners(owner))
         _bytes += value.nbytes
     return value
 
@@ -185,15 +198,17 @@ def clear() -> None:
 
 def peek(key: Hashable) -> Any | None:
     """The cached value of ``key`` (None if absent), counting no hit: for a
-    pre-pass that writes into an entry it allocated.  The entry's owner counts
+    pre-pass that writes into an entry it allocated.  The entry's owners count
     as running again (a fill longer than ``dkernel.cache-live-seconds`` kept
     its half-written blocks from other fits only until then)."""
     with _lock:
         entry = _entries.get(key)
         if entry is None:
             return None
-        if entry[1] is not None:
-            _seen[entry[1]] = time.monotonic()
+        now = time.monotonic()
+        for owner in entry[1]:
+            if owner in _seen:  # (a retired owner stays retired)
+                _seen[owner] = now
         return entry[0]
 
 
