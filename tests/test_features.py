@@ -110,10 +110,22 @@ def test_features_stay_float32_without_upcast():
     assert Z.dtype == np.float32
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "wide"])
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "wide", 1e-20])
 def test_nonsensical_bandwidth_is_rejected_with_its_value(bad):
     with pytest.raises(ValueError, match="bandwidth"):
         FeatureMap("gaussian", bad, 3, 32)
+
+
+def test_a_bandwidth_whose_exponent_overflows_float32_is_refused_before_any_fit():
+    # 1e-20: every kernel value NaN or 0, and EigenPro failed with "cannot
+    # convert float NaN to integer" far from the cause
+    from dkernel import DSGRegressor, EigenProRegressor, KernelPCA
+
+    for est in (EigenProRegressor(bandwidth=1e-20), DSGRegressor(bandwidth=1e-20),
+                KernelPCA(bandwidth=1e-20)):
+        with pytest.raises(ValueError, match=r"bandwidth must be .*>= 1e-18.*got 1e-20"):
+            est.fit(np.eye(3), np.ones(3)) if not isinstance(est, KernelPCA) else est.fit(np.eye(3))
+    assert FeatureMap("gaussian", 1e-18, 3, 32).bandwidth == 1e-18
 
 
 def test_unknown_kernel_names_the_choices():
@@ -153,3 +165,26 @@ def test_a_model_whose_features_regenerate_differently_is_refused(client, tmp_pa
     with pytest.raises(ValueError,
                        match="regenerated differently by NumPy .* load it with the NumPy"):
         load_model(tmp_path / "bad.npz")
+
+
+def test_the_step_eigenvalue_is_the_features_own_where_a_narrow_kernel_makes_it_larger():
+    # at a tenth of the median heuristic the 512 features' Gram is the kernel's
+    # near-identity plus their noise: its lambda_1 is several times the exact
+    # kernel's, and a step from the exact one diverged (DSGDensityRatio, KernelPCA)
+    from dkernel.features import step_eigenvalue
+    from dkernel.kernels import median_heuristic, top_eigenvalue
+
+    S = np.random.default_rng(0).normal(size=(600, 4))
+    median = median_heuristic(S, "gaussian")
+    for scale, low, high in ((0.1, 1.5, 10.0), (1.0, 0.9, 1.1)):
+        fm = FeatureMap("gaussian", scale * median, 4, 256, random_state=1)
+        exact = top_eigenvalue(S, "gaussian", scale * median)
+        ratio = fm.top_eigenvalue(S, 2) / exact
+        assert low < ratio < high, (scale, ratio)
+        assert step_eigenvalue(fm, 2, S) == max(exact, fm.top_eigenvalue(S, 2))
+    # centred: the operator kernel PCA diagonalises, on centred features
+    fm = FeatureMap("gaussian", median, 4, 256, random_state=1)
+    Z = fm.transform(S, 8).astype(np.float64)
+    Z -= Z.mean(axis=0)
+    expected = np.linalg.eigvalsh(Z @ Z.T / len(S))[-1]
+    assert fm.top_eigenvalue(S, 8, center=True) == pytest.approx(expected, rel=1e-5)

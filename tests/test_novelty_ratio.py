@@ -370,3 +370,29 @@ def test_pool_estimators_take_dataframes_and_any_random_state_like_the_others(cl
                     DSGDensityRatio(random_state=seed, **kw).fit(X, X + 0.5)):
             assert isinstance(est.random_state_, int)
     assert DSGOneClassSVM(random_state=7, **kw).fit(X).random_state_ == 7
+
+
+def test_density_ratio_at_a_narrow_bandwidth_takes_a_step_its_features_can_take(client):
+    # the automatic step came from the exact kernel's lambda_1, 2.7x below its
+    # 512 features' at a tenth of the median heuristic: diverged at step 3
+    from dkernel.kernels import median_heuristic
+
+    X = np.random.default_rng(0).normal(size=(3000, 4))
+    bandwidth = 0.1 * median_heuristic(X[:1000], "gaussian")
+    est = DSGDensityRatio(bandwidth=bandwidth, n_features=512, n_epochs=2, client=client)
+    est.fit(X, X + 0.5)
+    assert np.isfinite(est.score_samples(X[:100])).all()
+
+
+def test_density_ratio_combines_samples_whose_chunk_rows_come_out_uneven(client, tmp_path):
+    # y of the combined chunks was rechunked by a tuple of sizes, which dask
+    # reads as one size per dimension: every combination whose chunks were not
+    # all the same size failed with "X and y have different row chunks"
+    rng = np.random.default_rng(0)
+    store = write_store(tmp_path / "p.zarr", rng.normal(size=(3000, 2)).astype(np.float32),
+                        chunk_rows=500)
+    Xq = rng.normal(size=(2000, 2)).astype(np.float32) + 0.5
+    for numerator, denominator in ((store, Xq), (da.from_array(Xq, chunks=700), store)):
+        m = DSGDensityRatio(n_features=128, n_epochs=1, client=client)
+        m.fit(numerator, denominator)
+        assert np.isfinite(m.score_samples(Xq[:5])).all()

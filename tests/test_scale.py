@@ -47,6 +47,23 @@ def test_a_sample_reads_a_bounded_number_of_chunks(tmp_path):
     assert len(np.unique(sample_index(few, 0, 1000, 1) // 100)) > 55  # all 60: uniform
 
 
+def test_a_larger_sample_holds_the_rows_of_the_bandwidths_sample(tmp_path):
+    # an independent subsample of the preconditioner's larger read gave
+    # bandwidth="auto" another value than the 1000 rows every other route reads
+    from dkernel.estimators.base import _SAMPLE_DOMAIN, bandwidth_rows, sample_index
+
+    X = np.arange(200 * 100 * 2, dtype=np.float32).reshape(-1, 2)
+    for data in (open_dataset(write_store(tmp_path / "many.zarr", X, chunk_rows=100)),
+                 open_dataset(X[:6000]), open_dataset(X[:1500])):
+        small = sample_index(data, 7, 1000, _SAMPLE_DOMAIN)
+        for size in (1001, 4096, 10**6):
+            large = sample_index(data, 7, size, _SAMPLE_DOMAIN)
+            assert len(large) == min(size, data.n_rows if data.n_rows < 6400 else 6400)
+            assert len(np.unique(large)) == len(large) and np.isin(small, large).all()
+            rows = X[large]
+            assert np.array_equal(bandwidth_rows(rows, data, 7), X[small])
+
+
 def test_eigenpro_rf_preconditioner_uses_a_subsample_and_records_the_width(client):
     from dkernel import EigenProRegressor
     from dkernel.datasets.synthetic import make_dai_ridge

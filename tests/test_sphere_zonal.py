@@ -124,3 +124,20 @@ def test_truncation_level_is_smallest_with_dim_at_least_n_theta_minus_one():
         assert np.all((L == 0) | (dims[np.maximum(L - 1, 0)] < target))
     assert truncation_levels([10**5], 3, 1 / 3)[0] == 6  # (L+1)^2 >= 10^(5/3) - 1 = 45.4
     assert truncation_levels([10**5], 3, 1 / 3, max_degree=4)[0] == 4
+
+
+def test_points_off_the_unit_sphere_are_refused_not_extended_three_ways():
+    # at |x| = 2 the kernel clipped x.z (k(x, x) = 1.3), the harmonic features
+    # gave 47 and the monomial ones 23, without a word
+    from dkernel.kernels.zonal import ZonalFeatures, zonal_kernel
+
+    X = np.random.default_rng(0).normal(size=(5, 3))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    zonal_kernel(X, X, s=1.0, degree=3)
+    for kind in ("harmonic", "monomial"):
+        ZonalFeatures(3, 3, 1.0, kind).transform(X)
+    with pytest.raises(ValueError, match=r"rows of X must lie on the unit sphere.*2 to 2"):
+        zonal_kernel(2 * X, X, s=1.0, degree=3)
+    for kind in ("harmonic", "monomial"):
+        with pytest.raises(ValueError, match="unit sphere"):
+            ZonalFeatures(3, 3, 1.0, kind).transform(2 * X)

@@ -364,7 +364,10 @@ def test_a_bandwidth_far_below_the_rows_spacing_is_warned_about_on_random_featur
     y = np.sin(X[:, 0])
     for make in (lambda: DSGRegressor(n_features=128, n_epochs=1, bandwidth=0.015, client=client),
                  lambda: EigenProRegressor(n_features=128, n_epochs=1, bandwidth=0.015,
-                                           client=client)):
+                                           client=client),
+                 # (with early stopping it read no sample for a numeric bandwidth: no warning)
+                 lambda: EigenProRegressor(n_features=128, n_epochs=2, bandwidth=0.015,
+                                           early_stopping=True, client=client)):
         with pytest.warns(UserWarning, match=r"bandwidth=0.015 is 0.0\d+x the median heuristic"):
             make().fit(X, y)
     with warnings.catch_warnings():

@@ -14,8 +14,7 @@ from dkernel.estimators.base import validate_predict_input
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
-from dkernel.features import FeatureMap
-from dkernel.kernels import top_eigenvalue
+from dkernel.features import FeatureMap, step_eigenvalue
 from dkernel.solvers.density_ratio import DensityRatioProgram
 
 
@@ -78,8 +77,9 @@ class DSGDensityRatio(PoolEstimator):
 
         def program(features: FeatureMap, n_blocks: int, sample: np.ndarray) -> DensityRatioProgram:
             # gamma_0 = 1 / curvature: the exp term weighs (n / n_q) e^f with f = 0 at the
-            # start, times the top eigenvalue of the kernel operator (as DSG's auto step)
-            lam = top_eigenvalue(sample, features.kernel, features.bandwidth)
+            # start, times the top eigenvalue of the kernel operator (as DSG's auto step;
+            # the features' where larger)
+            lam = step_eigenvalue(features, n_blocks, sample)
             step, decay = self._steps(alpha, n_q / (n * lam))
             return DensityRatioProgram(features, n_blocks, alpha, step, decay,
                                        weight_numerator=n / n_p, weight_denominator=n / n_q)
@@ -134,7 +134,7 @@ def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, i
         y = da.concatenate([b for i in range(K) for b in (
             da.ones(Xp.chunks[0][i], dtype=np.float32),
             da.zeros(Xq.chunks[0][i], dtype=np.float32))])
-        data = open_dataset(X.rechunk({0: sizes}), y.rechunk(sizes))
+        data = open_dataset(X.rechunk({0: sizes}), y.rechunk({0: sizes}))
     return data, p.n_rows, q.n_rows
 
 

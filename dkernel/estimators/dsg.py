@@ -30,8 +30,7 @@ from dkernel.estimators.history import (
 )
 from dkernel.estimators.spec import documented
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
-from dkernel.features import FeatureMap
-from dkernel.kernels import top_eigenvalue
+from dkernel.features import FeatureMap, step_eigenvalue
 from dkernel.losses import (
     BOUNDED_GRADIENT,
     CLASSIFICATION_LOSSES,
@@ -48,7 +47,8 @@ from dkernel.solvers.local_steps import local_steps
 from dkernel.solvers.targets import TargetEncoding
 
 #: c_loss in the automatic step gamma_0 = c_loss / lambda_1 (lambda_1: top eigenvalue of
-#: the kernel operator on a sample).  1/curvature for smooth losses (squared 1,
+#: the kernel operator on a sample, or of the features' Gram: features.step_eigenvalue).
+#: 1/curvature for smooth losses (squared 1,
 #: logistic 4); larger for softmax and hinge, whose effective curvature on the
 #: batch mean is far below the bound (measured: Fashion-MNIST softmax best at
 #: gamma_0 = 50 with lambda_1 = 0.137; synthetic hinge best near 20 with lambda_1 = 0.24).
@@ -165,7 +165,7 @@ class _DSGBase(BaseEstimator):
             shared = self.preconditioner == "eigenpro" and not self.early_stopping
             rows, encoding = fit.sample_while(lambda: self._encoding(full, fit.client),
                                               _PRECONDITIONER_ROWS if shared else 1000)
-            sample = bandwidth_rows(rows, self.random_state_) if shared else rows
+            sample = bandwidth_rows(rows, full, fit.seed) if shared else rows
             bandwidth = fit.bandwidth(sample)
             if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = fit.labels
@@ -183,7 +183,7 @@ class _DSGBase(BaseEstimator):
                 if self.step_size == "auto":
                     # gamma_0 = c_loss / lambda_1: stable (gamma * curvature * lambda_1 < 2) with
                     # c_loss calibrated per loss on Fashion-MNIST and synthetic problems.
-                    lam = top_eigenvalue(sample, self.kernel, bandwidth)
+                    lam = step_eigenvalue(features, n_blocks, sample)
                     self.step_size_ = self._auto_step(lambda c: c / lam)
                 else:
                     self.step_size_ = float(self.step_size)

@@ -57,16 +57,29 @@ def check_random_state_param(random_state: Any) -> None:
 _KERNEL_KIND = '{"gaussian", "laplacian", "cauchy"}'
 
 # kernel ---------------------------------------------------------------------------
-KERNEL = Param("kernel", "gaussian", _KERNEL_KIND, custom(_kernel, str),
-               "Kernel of the model.", "kernel")
-BANDWIDTH = Param("bandwidth", AUTO, 'float or "auto"', auto_or(number()),
-                  'Kernel scale; "auto" is the median heuristic on a sample of rows.', "kernel")
+KERNEL = Param("kernel", "gaussian", _KERNEL_KIND, custom(_kernel, str), """\
+    Kernel of the model, with s the ``bandwidth``: "gaussian"
+    exp(-|x - z|_2^2 / (2 s^2)) (scikit-learn's rbf_kernel with gamma =
+    1 / (2 s^2)); "laplacian" exp(-|x - z|_1 / s) (laplacian_kernel, gamma =
+    1 / s); "cauchy" prod_j 1 / (1 + (x_j - z_j)^2 / s^2).  The same function
+    on every route: random features, kernel rows, centers.""", "kernel")
+#: Below it the gaussian's 1 / (2 s^2) overflows float32: every kernel value
+#: was NaN or 0, and a fit failed far from the cause (EigenPro: "cannot
+#: convert float NaN to integer").
+_MIN_BANDWIDTH = 1e-18
+BANDWIDTH = Param("bandwidth", AUTO, 'float or "auto"',
+                  auto_or(number(_MIN_BANDWIDTH, low_open=False, shown=">= 1e-18")), """\
+    Kernel scale s (see ``kernel``); "auto" is the median heuristic on a
+    1000-row sample: the median distance between its rows, L2 over sqrt(2)
+    for "gaussian" and "cauchy", L1 for "laplacian".  Stored as
+    ``bandwidth_``.""", "kernel")
 KERNEL_Y = Param("kernel_y", None, "str, optional", none_or(custom(_kernel_y, str)),
                  "Kernel of the second view (None: same as ``kernel``).", "kernel")
 BANDWIDTH_Y = Param("bandwidth_y", None, 'float or "auto", optional',
-                    none_or(auto_or(number())),
-                    "Bandwidth of the second view (None: ``bandwidth``'s rule applied to Y).",
-                    "kernel")
+                    none_or(auto_or(number(_MIN_BANDWIDTH, low_open=False, shown=">= 1e-18"))), """\
+    Bandwidth of the second view.  None: ``bandwidth``, so a number applies to
+    both views as it is (whatever Y's scale) and "auto" is the median heuristic
+    on Y's rows.""", "kernel")
 
 # feature pool ------------------------------------------------------------------------
 N_FEATURES = Param("n_features", 4096, "int", integer(), """\
@@ -107,7 +120,8 @@ STEP_SIZE = Param("step_size", AUTO, 'float or "auto"', auto_or(number()), """\
     gamma_0.  "auto": with the preconditioner c_loss eta(batch) / 2, eta
     EigenPro's step for the preconditioned spectrum; without it,
     c_loss / lambda_1 with lambda_1 the top eigenvalue of the kernel
-    operator on a 1000-row sample; either with alpha's curvature added,
+    operator on a 1000-row sample (of the model's random features' Gram
+    where that is larger: a narrow bandwidth); either with alpha's curvature added,
     1 / (1 / gamma + alpha), so that the ridge term's shrink
     1 - gamma alpha stays in (0, 1); for a loss of bounded gradient (huber,
     epsilon_insensitive, quantile) c_loss is times y's spread, each output
@@ -292,7 +306,8 @@ _POWER_BATCH = BATCH_SIZE.but(doc="""\
 _BLOCK_STEP_SIZE = STEP_SIZE.but(doc="""\
     theta_0 of eta_t = theta_0 / (1 + theta_1 t), block steps only; "auto" is
     c / lambda_1, lambda_1 the top eigenvalue of the kernel operator on a
-    1000-row sample (c = 1 for KPCA / KSVD, 0.5 for KCCA), stored as
+    1000-row sample, or of the random features' Gram where that is larger
+    (c = 1 for KPCA / KSVD, 0.5 for KCCA), stored as
     ``step_size_``.""")
 _BLOCK_STEP_DECAY = STEP_DECAY.but(default=AUTO, kind='float or "auto"',
                                    check=auto_or(STEP_DECAY.check), doc="""\
@@ -497,7 +512,8 @@ ESTIMATORS: dict[str, tuple[Param, ...]] = {
                         *_with(_WHOLE_POOL, step_size={"doc": """\
         gamma_0; "auto" is n_q / (n lambda_1): the inverse curvature of the exp
         term at the start (weight n / n_q, f = 0) times the top eigenvalue
-        lambda_1 of the kernel operator on a 1000-row sample."""})),
+        lambda_1 of the kernel operator on a 1000-row sample (of the random
+        features' Gram where that is larger: a narrow bandwidth)."""})),
     "SphereRegressor": _SPHERE,
 }
 

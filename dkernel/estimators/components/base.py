@@ -12,7 +12,6 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from scipy.linalg import eigh
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_array
 
@@ -31,8 +30,7 @@ from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.params import AUTO
 from dkernel.estimators.scoring import check_same_rows, score_targets
 from dkernel.estimators.spec import params_of
-from dkernel.features import FeatureMap
-from dkernel.kernels.exact import kernel_matrix
+from dkernel.features import FeatureMap, step_eigenvalue
 from dkernel.linalg import column_signs
 from dkernel.solvers.components import (
     ComponentProgram,
@@ -85,14 +83,9 @@ _STEP_DECAY = {"block": 1e-3, "whole_pool": 1e-2}
 _EXACT_ROWS = 16384
 
 
-def _auto_step(method: str, samples: list, features: list, center: bool) -> float:
-    lam = 0.0
-    for S, f in zip(samples, features):
-        K = kernel_matrix(S, S, f.kernel, f.bandwidth)
-        if center:
-            K = K - K.mean(axis=0) - K.mean(axis=1)[:, None] + K.mean()
-        n = K.shape[0]
-        lam = max(lam, float(eigh(K / n, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0]))
+def _auto_step(method: str, samples: list, features: list, n_blocks: int,
+               center: bool) -> float:
+    lam = max(step_eigenvalue(f, n_blocks, S, center) for S, f in zip(samples, features))
     return _STEP_SCALE[method] / lam
 
 
@@ -282,7 +275,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
         return _STEP_DECAY["whole_pool" if whole_pool else "block"]
 
 
-    def _block_step_size(self, method: str, samples: list, features: list,
+    def _block_step_size(self, method: str, samples: list, features: list, n_blocks: int,
                          pre: tuple | None = None) -> None:
         """step_size_ and step_decay_ of block steps (whole-pool ones with ``pre``)."""
         if self.step_size != "auto":
@@ -295,7 +288,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             top = max(p.new_top for p in pre)
             self.step_size_ = _STEP_SCALE[method] / max(top, float(getattr(self, "alpha", 0.0)))
         else:
-            self.step_size_ = _auto_step(method, samples, features, bool(self.center))
+            self.step_size_ = _auto_step(method, samples, features, n_blocks, bool(self.center))
         self.step_decay_ = self._step_decay(whole_pool=pre is not None)
 
     def _saved_steps(self) -> dict:
@@ -366,7 +359,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             self.preconditioners_ = pre
 
             def block_program() -> ComponentProgram:
-                self._block_step_size(self._method, [sx, sy], [fx, fy], pre)
+                self._block_step_size(self._method, [sx, sy], [fx, fy], n_blocks, pre)
                 return ComponentProgram(
                     self._method, (fx, fy), n_blocks, int(self.n_components), self.step_size_,
                     self.step_decay_, alpha=float(getattr(self, "alpha", 0.0)),

@@ -80,7 +80,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
             features, n_blocks = fit.feature_map(fit.bandwidth(sample))
 
             def block_program() -> ComponentProgram:
-                self._block_step_size("kpca", [sample], [features])
+                self._block_step_size("kpca", [sample], [features], n_blocks)
                 return ComponentProgram("kpca", (features,), n_blocks, int(self.n_components),
                                         self.step_size_, self.step_decay_,
                                         gha=self.ordering == "gha", label="kpca",

@@ -124,11 +124,14 @@ class _EigenProBase(BaseEstimator):
             # (its rows are all training rows unless some are held out)
             shared = isinstance(route, FeatureRoute) and not self.early_stopping
             t_read = time.perf_counter()
-            size = route.subsample() if shared else 1000 if self.bandwidth == "auto" else 0
+            # (a sample for a numeric bandwidth too where features are used: the
+            # warning about a bandwidth too narrow for them compares with it)
+            narrow_check = self.bandwidth == "auto" or isinstance(route, FeatureRoute)
+            size = route.subsample() if shared else 1000 if narrow_check else 0
             rows, encoding = fit.sample_while(lambda: self._encoding(fit.data, fit.client), size)
             t_read = time.perf_counter() - t_read if shared else 0.0
             bandwidth = fit.bandwidth(None if rows is None else
-                                      bandwidth_rows(rows, self.random_state_))
+                                      bandwidth_rows(rows, fit.data, fit.seed))
             if fit.labels is not None:  # the workers saw codes 0..c-1; the user sees labels
                 self.classes_ = fit.labels
             if self._task == "classification":
