@@ -641,3 +641,21 @@ def test_demo_checks_its_flags_before_writing_anything(tmp_path, capsys, flag, v
     out = tmp_path / "demo"
     _fails(capsys, ["demo", "--out", str(out), flag, value], f"{flag} must be at least")
     assert not out.exists()
+
+
+def test_fit_saves_the_model_before_its_cluster_closes(labelled, client, monkeypatch):
+    # the model was written after the fit's connection and cluster closed: a
+    # Ctrl-C or SIGTERM in those seconds of teardown threw the finished fit away
+    from distributed import Client
+
+    out, seen = labelled["dir"] / "early.npz", []
+    close = Client.close
+
+    def observed_close(self, *args, **kwargs):  # (the real close, after a look at --out)
+        seen.append(out.exists())
+        return close(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "close", observed_close)
+    assert main(["fit", labelled["train"], "--features", "64", "--epochs", "1",
+                 "--scheduler", client.scheduler.address, "--out", str(out)]) == 0
+    assert seen and seen[0]

@@ -189,7 +189,6 @@ def run(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.engine import connect
     from dkernel.engine.checkpoint import is_checkpoint
-    from dkernel.estimators.model_file import write_model
     from dkernel.io import file_exists, remove_file
 
     est = build(args)
@@ -226,16 +225,8 @@ def run(args: argparse.Namespace) -> int:
     with connect(**common.cluster_options(args)) as client:
         est.set_params(client=client)
         est.fit(args.store)
-    seconds = time.perf_counter() - start
-    est.set_params(client=None)
-    # without --overwrite, a model another run saved at --out meanwhile is kept
-    try:
-        write_model(est, args.out, exclusive=not args.overwrite)
-    except OSError as e:
-        if isinstance(e, FileExistsError):
-            raise
-        raise OSError(e.errno, f"--out {args.out!r} could not be written: {e.strerror or e}") from e
-    remove_file(checkpoint)  # a local path or a URL (s3://...)
+        seconds = time.perf_counter() - start
+        _save(est.set_params(client=None), args, checkpoint)  # (before the cluster closes)
     cache = getattr(est, "feature_cache_", None)  # the feature solvers' resolved choice
     common.status(args, f"saved {type(est).__name__} to {args.out} ({seconds:.1f} s"
                   + (f", feature_cache {cache})" if cache else ")"))
@@ -243,3 +234,16 @@ def run(args: argparse.Namespace) -> int:
         common.emit(args, {"model": args.out, "estimator": type(est).__name__, "seconds": seconds,
                     "feature_cache": cache, "history": getattr(est, "history_", None)})
     return 0
+
+
+def _save(est: Any, args: argparse.Namespace, checkpoint: str) -> None:
+    """Saved while the cluster is up: a signal in its teardown lost the finished model."""
+    from dkernel.estimators.model_file import write_model
+    from dkernel.io import remove_file
+    try:  # (without --overwrite, a model another run saved at --out meanwhile is kept)
+        write_model(est, args.out, exclusive=not args.overwrite)
+    except OSError as e:
+        if isinstance(e, FileExistsError):
+            raise
+        raise OSError(e.errno, f"--out {args.out!r} could not be written: {e.strerror or e}") from e
+    remove_file(checkpoint)  # a local path or a URL (s3://...)

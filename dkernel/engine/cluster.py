@@ -315,8 +315,10 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         with dask.config.set({_START_METHOD: "spawn"}), c.as_current():
             yield c
     finally:
-        c.close()
-        cluster.close()
+        try:
+            c.close()
+        finally:  # (a signal during the client's close still stops the workers)
+            cluster.close()
 
 
 #: glibc settings for worker processes (set before the process starts: the
