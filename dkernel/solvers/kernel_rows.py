@@ -398,14 +398,15 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
 
     publishing = False
 
-    def drop() -> None:
+    def drop(timeout: float = 120) -> None:
         # the real keys only once this fill publishes: before that, rows under them
-        # are another fit's (of the same rows and kernel), complete and in use
+        # are another fit's (of the same rows and kernel), complete and in use.
+        # (ahead of any pair still queued: behind them a Ctrl-C waited 92 s)
         mine = (keys, final) if publishing else (keys,)
         wait_on(client, [client.submit(_discard, [k[c] for c in range(n) if homes[c] == h
                                                   for k in mine],
-                                       pure=False, **_pinned(h))
-                         for h in {h for h in homes if h} & alive()], timeout=120)
+                                       pure=False, priority=100, **_pinned(h))
+                         for h in {h for h in homes if h} & alive()], timeout=timeout)
 
     if not all(ok):
         drop()
@@ -413,8 +414,8 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
     load: dict = {h: 0.0 for h in homes}
     pairs = [(a, b) for a in range(n) for b in range(a, n)]
     bar = Progress(len(pairs), "kernel rows (chunk pairs)", progress, unit="pairs")
+    puts: list = []
     try:
-        puts = []
         for a, b in pairs:
             ha, hb = homes[a], homes[b]
             w = ha if load[ha] <= load[hb] else hb
@@ -462,8 +463,18 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         if not all(published):
             raise FillLost("the kernel rows of a chunk were evicted or lost before the "
                            "fill finished")
-    except BaseException:
-        drop()
+    except BaseException as err:
+        try:  # (pairs not started never run: their blocks are not wanted)
+            client.cancel(puts)
+        except Exception:  # (a scheduler gone: nothing runs anyway)
+            pass
+        if isinstance(err, Exception):
+            drop()
+        else:  # Ctrl-C / SIGTERM: a few seconds at most (the run's blocks are evictable
+            try:  # once it retires; the half-written rows are under private keys)
+                drop(timeout=5)
+            except TimeoutError:
+                pass
         raise
     finally:
         bar.close()
