@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -429,3 +430,21 @@ def test_a_python_fit_without_resume_says_it_writes_over_a_checkpoint(client, tm
         DSGRegressor(**kw).fit(X, y)
     with pytest.warns(UserWarning, match="c.npz exists and this fit starts over"):
         DSGRegressor(**kw).fit(X, y)
+
+
+def test_a_checkpoint_interval_the_fit_never_reaches_is_warned_about(client, tmp_path):
+    # checkpoint_every=10 on a fit of 10 steps (DSG's automatic batch: 2 an
+    # epoch) wrote its only checkpoint at the end, and deleted it: no
+    # protection, and no word
+    from dkernel import DSGRegressor
+
+    X = np.random.default_rng(1).standard_normal((600, 2)).astype(np.float32)
+    kw = dict(n_features=32, block_size=32, n_epochs=5, batch_size=300, client=client)
+    with pytest.warns(UserWarning, match=r"checkpoint_every=10 steps, but this fit takes 10 "
+                                         r"\(2 an epoch\).*checkpoint_every=2 writes one an epoch"):
+        DSGRegressor(checkpoint_every=10, checkpoint=str(tmp_path / "a.npz"), **kw).fit(
+            X, X[:, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        DSGRegressor(checkpoint_every=9, checkpoint=str(tmp_path / "b.npz"), **kw).fit(
+            X, X[:, 0])

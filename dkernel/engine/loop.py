@@ -179,6 +179,11 @@ class Engine:
         self.backoffs = guard.backoffs
         state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
+        if ckpt.path is not None and ckpt.every >= sum(per_epoch) > start:  # (silent before)
+            warnings.warn(f"checkpoint_every={ckpt.every} steps, but this fit takes "
+                          f"{sum(per_epoch)} ({per_epoch[0]} an epoch): no checkpoint is written "
+                          f"before it ends; checkpoint_every={per_epoch[0]} writes one an epoch",
+                          UserWarning, stacklevel=4)
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         if resident is not None and data.host is None:
             source.adopted = dict(resident)
