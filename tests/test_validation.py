@@ -119,7 +119,7 @@ def test_single_class_target_is_rejected(client, Xy):
 
 
 @pytest.mark.parametrize("param,value,match", [
-    ("bandwidth", -1.0, "bandwidth must be > 0"),
+    ("bandwidth", -1.0, "bandwidth must be >= 1e-18, got -1.0"),
     ("n_features", 0, "n_features must be > 0"),
     ("n_epochs", 2.5, "n_epochs must be an integer"),
     ("batch_size", -3, "batch_size must be > 0"),
@@ -166,7 +166,7 @@ def test_cli_bad_input_prints_one_line_and_writes_no_model(client, tmp_path, cap
 
 @pytest.mark.parametrize("argv,match", [
     (["fit", "/no/store.zarr", "--out", "m.npz"], "no dataset store"),
-    (["fit", "{store}", "--bandwidth", "-2", "--out", "{out}"], "bandwidth must be > 0"),
+    (["fit", "{store}", "--bandwidth", "-2", "--out", "{out}"], "bandwidth must be >= 1e-18"),
     (["fit", "{store}", "--features", "0", "--out", "{out}"], "n_features must be > 0"),
     (["fit", "{store}", "--solver", "magic", "--out", "{out}"],
      "--solver 'magic' is not available"),
