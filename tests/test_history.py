@@ -26,6 +26,32 @@ def _validation_rows(X, y, fraction, seed):
     return val.host
 
 
+def test_out_of_core_rows_are_held_out_per_chunk_without_an_index_of_every_row(tmp_path):
+    # a permutation of every row and dask's fancy indexing with it cost the
+    # client ~70 bytes a row (1.3 GB at 8M rows) and put the indices in the graph
+    import tracemalloc
+
+    from dkernel.data import write_store
+
+    n = 2_000_000
+    X = np.arange(2 * n, dtype=np.float32).reshape(n, 2) / 2
+    store = write_store(tmp_path / "big.zarr", X, X[:, 0].copy(), chunk_rows=97_000)
+    data = open_dataset(store)
+    tracemalloc.start()
+    train, val = split_validation(data, 0.1, 3)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4_000_000, peak  # (bytes: no n-sized array on the client)
+    assert val.n_rows == pytest.approx(0.1 * n, abs=len(data.row_offsets()))
+    assert train.n_rows + val.n_rows == n
+    rows = [np.asarray(d.X[::1000].compute()) for d in (train, val)]
+    again = np.asarray(split_validation(data, 0.1, 3)[1].X[::1000].compute())
+    assert np.array_equal(rows[1], again)  # seeded
+    assert np.array_equal(train.y[:5000].compute(), train.X[:5000, 0].compute())  # X, y aligned
+    both = np.concatenate([np.asarray(d.y.compute()) for d in (train, val)])
+    assert np.array_equal(np.sort(both), X[:, 0])  # every row once, in train or validation
+
+
 def test_dsg_early_stopping_stops_after_n_iter_no_change_and_keeps_the_best_epoch(client):
     X, y = make_blobs_classification(3000, 6)
     # a large constant step makes the validation accuracy oscillate, so the rule must fire

@@ -45,15 +45,54 @@ def subset_rows(data: Dataset, idx: np.ndarray) -> Dataset:
 
 def split_validation(data: Dataset, fraction: float, random_state: int) -> tuple[Dataset, Dataset]:
     """(training rows, validation rows): a seeded random ``fraction`` of the rows
-    held out, both in their original order."""
+    held out, both in their original order.
+
+    Rows in memory are drawn from all of them.  Out-of-core rows are drawn
+    within each chunk, on the workers, ``fraction`` of each chunk's rows: a
+    permutation of every row and dask's fancy indexing with it cost the client
+    about 70 bytes a row (1.3 GB at 8M rows, 5 GB at 32M) and sent the indices
+    through the scheduler in the task graph."""
     if data.n_rows < 2:
         raise ValueError(
             f"early stopping needs at least 2 rows to hold some out, got {data.n_rows}"
         )
-    rng = np.random.default_rng([int(random_state), 0xE16])
-    perm = rng.permutation(data.n_rows)
+    seed = [int(random_state), 0xE16]
+    if data.host is None:
+        return _split_chunks(data, fraction, seed)
+    perm = np.random.default_rng(seed).permutation(data.n_rows)
     n_val = min(data.n_rows - 1, max(1, int(round(fraction * data.n_rows))))
     return subset_rows(data, np.sort(perm[n_val:])), subset_rows(data, np.sort(perm[:n_val]))
+
+
+def _split_chunks(data: Dataset, fraction: float, seed: list) -> tuple[Dataset, Dataset]:
+    import dask.array as da
+
+    rows = np.diff(data.row_offsets()).astype(np.int64)
+    held = np.minimum(rows, np.round(fraction * rows).astype(np.int64))
+    if held.sum() == 0:  # (small chunks: one row of the largest)
+        held[np.argmax(rows)] = 1
+    if held.sum() == rows.sum():
+        held[np.argmax(held)] -= 1
+
+    def part(a: Any, keep: bool) -> Any:
+        sizes = tuple(int(v) for v in (rows - held if keep else held))
+        out = a.map_blocks(_chunk_part, held=tuple(int(v) for v in held), seed=tuple(seed),
+                           keep=keep, chunks=(sizes, *a.chunks[1:]), dtype=a.dtype,
+                           meta=np.empty((0,) * a.ndim, a.dtype))
+        return da.concatenate([out.blocks[c] for c in range(len(sizes)) if sizes[c]])
+
+    y = data.y
+    return tuple(open_dataset(part(data.X, keep), None if y is None else part(y, keep))
+                 for keep in (True, False))
+
+
+def _chunk_part(block: Any, held: tuple, seed: tuple, keep: bool, block_info: Any = None) -> Any:
+    """The training (``keep``) or held-out rows of row chunk c: ``held[c]`` of its
+    rows drawn from a seed of (``seed``, c), the same for X and y."""
+    c = block_info[0]["chunk-location"][0]
+    mask = np.zeros(block.shape[0], bool)
+    mask[np.random.default_rng([*seed, c]).choice(block.shape[0], held[c], replace=False)] = True
+    return block[~mask] if keep else block[mask]
 
 
 def _validation_partial(payload: dict, X: Any, y: Any) -> dict:
