@@ -754,3 +754,30 @@ def test_the_resolved_q_and_batch_given_back_give_the_same_model(client, form):
                               subsample_size=first.subsample_size_, **base).fit(X, y)
     np.testing.assert_array_equal(again.eigenvalues_, first.eigenvalues_)
     np.testing.assert_array_equal(again.predict(X), first.predict(X))
+
+
+def test_routes_that_cannot_run_are_refused_before_a_cluster_is_asked_for(monkeypatch):
+    # a FALKON checkpoint was refused after 25 s of cluster start and sampling;
+    # the default 20 000 centers need ~8 GB on the client, asked for blindly
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9")  # (connecting fails)
+    X = np.zeros((1_000_001, 1), np.float32)
+    with pytest.raises(ValueError, match="checkpoints are written by the SGD iteration"):
+        EigenProRegressor(n_centers=500, checkpoint="c.npz", checkpoint_every=1).fit(
+            X[:2000], X[:2000, 0])
+    with pytest.raises(MemoryError, match=r"n_centers=1000000: FALKON's preconditioner is "
+                                          r"factorised here.*pass n_centers=\d+000 or fewer"):
+        EigenProRegressor(n_centers=1_000_000).fit(X, X[:, 0])
+
+
+def test_a_kernel_form_too_large_for_the_workers_is_refused_before_any_work():
+    # 2M centers of 8 inputs on 600 MB workers: restarted until the fit died
+    # with "FuturesCancelledError ... already forgotten"
+    from distributed import Client, LocalCluster
+
+    X = np.random.default_rng(0).normal(size=(400_000, 8)).astype(np.float32)
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        with pytest.raises(ValueError, match=r"n_centers=400000: the kernel form .* more than "
+                                             r"half the smallest worker's memory limit"):
+            EigenProRegressor(n_centers=400_000, bandwidth=1.0, client=client).fit(X, X[:, 0])
+        EigenProRegressor(n_epochs=1, bandwidth=1.0, client=client).fit(X[:5000], X[:5000, 0])

@@ -75,3 +75,35 @@ def test_evaluate_pools_r2_about_the_training_mean_without_losing_digits():
     yd, pd_ = da.from_array(y, chunks=64), da.from_array(p, chunks=64)
     _, ss_tot, rows = r2_sums_by_chunk(yd, pd_, False, shift=1e12)
     assert rows == 1000 and abs(ss_tot[0] - exact) / exact < 1e-9
+
+
+def test_work_that_prints_nothing_is_named_after_a_quiet_spell_innermost_phase_first():
+    # kernel EigenPro's client eigensolve sat 9-45 s without a line, FALKON's
+    # preconditioner 120 s, a cluster's start 10-28 s
+    import time
+
+    import dask
+
+    from dkernel.engine.progress import phase
+
+    out = io.StringIO()
+    with dask.config.set({"dkernel.progress-heartbeat": 0.5}):
+        with phase("dkernel fit", True, stream=out):
+            with phase("eigenpro: preconditioner", True, stream=out):
+                time.sleep(1.3)
+            inner = out.getvalue()
+            bar = Progress(40, "epochs", True, stream=out)
+            for _ in range(40):  # lines closer than the heartbeat: no heartbeat between
+                bar.update(1)
+                time.sleep(0.02)
+            busy = out.getvalue()[len(inner):]
+            time.sleep(1.3)
+        with phase("quiet", False, stream=out):
+            time.sleep(1.0)
+    assert "eigenpro: preconditioner: running" in inner and "dkernel fit" not in inner
+    during = busy[busy.index("epochs: "):]  # (the outer phase may speak once before)
+    assert "running" not in during and "epochs: 40/40" in during
+    rest = out.getvalue()[len(inner) + len(busy):]
+    assert "dkernel fit: running" in rest and "quiet" not in rest
+    time.sleep(0.8)
+    assert out.getvalue()[len(inner) + len(busy):] == rest  # nothing once every phase ended

@@ -9,6 +9,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -241,12 +243,19 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-def connect_cluster(args: argparse.Namespace) -> Any:
-    """:func:`dkernel.engine.connect` as the command's cluster flags say: a
-    context manager that yields the client."""
+@contextmanager
+def connect_cluster(args: argparse.Namespace) -> Iterator[Any]:
+    """:func:`dkernel.engine.connect` as the command's cluster flags say,
+    yielding the client; unless --quiet, a line names the command after each
+    10 s in which nothing printed a progress line (a cluster's start, a client's
+    eigensolve: :func:`dkernel.engine.progress.phase`)."""
     from dkernel.engine import connect
+    from dkernel.engine.progress import phase
 
-    return connect(**cluster_options(args))
+    command = " ".join(["dkernel", *(getattr(args, "argv", None) or [])[:1]])
+    with phase(command, not getattr(args, "quiet", False)), \
+            connect(**cluster_options(args)) as client:
+        yield client
 
 
 def cluster_job(p: argparse.ArgumentParser, func: Any, *, overwrite: bool = True,

@@ -187,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
                          "add one of them (alone it would be ignored)")
     parameters(args)  # the spec's checks, before Dask is imported
     from dkernel.data import open_dataset
-    from dkernel.engine import connect
     from dkernel.engine.checkpoint import is_checkpoint
     from dkernel.io import file_exists, remove_file
 
@@ -222,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         est.set_params(verbose=not args.quiet)
     open_dataset(args.store)  # fail on a missing / malformed store before starting a cluster
     start = time.perf_counter()
-    with connect(**common.cluster_options(args)) as client:
+    with common.connect_cluster(args) as client:
         est.set_params(client=client)
         est.fit(args.store)
         seconds = time.perf_counter() - start

@@ -5,16 +5,88 @@ Follows dask's progress bars: on a terminal one line is rewritten in place
 notebook, a log file, a pipe -- a carriage return does not rewind, so
 complete lines are printed, few of them: one per tenth of the work (and at
 least every ``quiet_interval`` seconds on long runs), then one at the end.
+
+Work that prints nothing of its own -- a cluster's start, a client-side
+eigensolve or Cholesky, a unit of a bar that takes long -- runs inside a
+:func:`phase`: after ``dkernel.progress-heartbeat`` seconds (10) with no
+progress line, a line names the innermost phase and how long it has run.
+Kernel EigenPro sat silent for 9-45 s in its eigensolve, FALKON for 120 s
+before its first line, a CSV ingest for 20 s.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import numpy as np
+
+_lock = threading.RLock()
+#: the enabled phases, innermost last; when a progress line was last written;
+#: the width of a terminal's current line (one line is rewritten in place)
+_phases: list[tuple[str, float, TextIO]] = []
+_out: dict[str, Any] = {"last": 0.0, "width": 0, "beating": False}
+
+
+def _write(stream: TextIO, line: str, tty: bool) -> None:
+    """Every progress line goes out here (a terminal's rewritten in place)."""
+    with _lock:
+        if tty:  # pad over the rest of a longer previous line
+            stream.write("\r" + line.ljust(_out["width"]))
+            _out["width"] = len(line)
+        else:
+            stream.write(line + "\n")
+        stream.flush()
+        _out["last"] = time.perf_counter()
+
+
+def _end_line(stream: TextIO) -> None:
+    with _lock:
+        stream.write("\n")
+        stream.flush()
+        _out["width"] = 0
+
+
+@contextmanager
+def phase(label: str, enabled: bool, stream: TextIO | None = None) -> Iterator[None]:
+    """Run the body as phase ``label`` (module docstring); a no-op when disabled."""
+    if not enabled:
+        yield
+        return
+    entry = (label, time.perf_counter(), stream or sys.stderr)
+    with _lock:
+        _phases.append(entry)
+        _out["last"] = max(_out["last"], entry[1])  # (silence is counted from here)
+        if not _out["beating"]:
+            _out["beating"] = True
+            threading.Thread(target=_beat, name="dkernel-progress", daemon=True).start()
+    try:
+        yield
+    finally:
+        with _lock:
+            _phases.remove(entry)
+
+
+def _beat() -> None:
+    import dask
+
+    while True:
+        every = float(dask.config.get("dkernel.progress-heartbeat", 10.0))
+        time.sleep(min(1.0, every / 4))
+        with _lock:
+            if not _phases:
+                _out["beating"] = False  # (the next phase starts another)
+                return
+            label, t0, stream = _phases[-1]
+            now = time.perf_counter()
+            if now - _out["last"] >= every:
+                tty = hasattr(stream, "isatty") and stream.isatty()
+                _write(stream, f"{label}: running, {now - t0:.0f}s", tty)
 
 
 class Progress:
@@ -22,7 +94,7 @@ class Progress:
     the work (elsewhere); a no-op when disabled."""
 
     def __init__(self, total: int, label: str, enabled: bool, stream: TextIO | None = None,
-                 interval: float = 1.0, start: int = 0, quiet_interval: float = 60.0,
+                 interval: float = 1.0, start: int = 0, quiet_interval: float = 10.0,
                  unit: str = "steps") -> None:
         self.total, self.label, self.enabled, self.unit = total, label, enabled, unit
         self.stream = stream or sys.stderr
@@ -32,7 +104,6 @@ class Progress:
         self._t0 = self._last = time.perf_counter()
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._next_tenth = self._tenth(start) + 1
-        self._width = 0
         self._ended = False
 
     def _tenth(self, done: int) -> int:
@@ -65,18 +136,11 @@ class Progress:
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
             parts.append(f"eta {eta:.0f}s")
         parts += [f"{k} {v:.4g}" for k, v in metrics.items()]
-        line = " | ".join(parts)
-        if self._tty:  # pad over the rest of a longer previous line
-            self.stream.write("\r" + line.ljust(self._width))
-            self._width = len(line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        _write(self.stream, " | ".join(parts), self._tty)
 
     def close(self) -> None:
         if self.enabled and self._tty:
-            self.stream.write("\n")
-            self.stream.flush()
+            _end_line(self.stream)
 
 
 def chunkwise(fn: Any, arrays: list, width: int, label: str, enabled: bool) -> np.ndarray:

@@ -19,6 +19,7 @@ from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.chunks import worker_rows
+from dkernel.engine.progress import phase
 from dkernel.estimators.base import (
     _BANDWIDTH_SAMPLE,
     resolve_bandwidth,
@@ -85,6 +86,9 @@ class FitContext:
         self._given: dict[float, tuple[np.ndarray, str]] = {}
 
     def __enter__(self) -> FitContext:
+        # (verbose: a line after each 10 s in which no progress line was printed)
+        self._stack.enter_context(phase(f"{type(self.est).__name__} fit",
+                                        bool(getattr(self.est, "verbose", False))))
         self.client = self._stack.enter_context(connect(self.est.client))
         self.engine = Engine(self.client, self.est._engine_options())
         return self

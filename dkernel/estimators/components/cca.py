@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine import Engine
+from dkernel.engine.progress import phase
 from dkernel.estimators.components.base import _TwoViewBase
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.spec import documented
@@ -72,9 +73,16 @@ class KernelCCA(_TwoViewBase):
         self, fit: FitContext, features: tuple, n_blocks: int
     ) -> tuple[tuple[np.ndarray, ...] | None, tuple[FeaturePreconditioner, ...] | None]:
         """The start and the preconditioners, both from one sample of ``init_rows`` rows."""
-        data, client = fit.data, fit.client
         if self.init != "subsample" and self.preconditioner is None:
             return None, None
+        with phase(f"kcca: start and preconditioners from {self.init_rows} sampled rows "
+                   "(on the client)", fit.engine.options.progress):
+            return self._start_from_sample(fit, features, n_blocks)
+
+    def _start_from_sample(
+        self, fit: FitContext, features: tuple, n_blocks: int
+    ) -> tuple[tuple[np.ndarray, ...] | None, tuple[FeaturePreconditioner, ...] | None]:
+        data, client = fit.data, fit.client
         rng = np.random.default_rng([self.random_state_, 0x1417])
         idx = np.sort(rng.choice(data.n_rows, size=min(data.n_rows, int(self.init_rows)),
                                  replace=False))

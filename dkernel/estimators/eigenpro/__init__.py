@@ -44,8 +44,10 @@ __all__ = ["EigenProClassifier", "EigenProRegressor", "rf_subsample", "_DEFAULT_
 #: and every row enters the Nystrom objective (FALKON).
 _MAX_AUTO_CENTERS = 100_000
 #: The all-rows solve factorises K(C, C) on the coordinator: O(p^3) flops and
-#: p^2 float64.  20 000 centers cost ~5e12 flops and 3.2 GB once (minutes on
-#: the 2-core development VMs, seconds on a server), about the sqrt(n) log n
+#: 20 bytes per pair of centers at its peak (K in float32, its float64 copy and
+#: Cholesky factor, T T^T).  20 000 centers cost ~5e12 flops and 8 GB once
+#: (minutes on the 2-core development VMs, seconds on a server; refused where
+#: the client's memory cannot hold it, NystromRoute.check), about the sqrt(n) log n
 #: that Rudi et al. (Thm. 3) need for the optimal rate at n ~ 10^7.
 _AUTO_NYSTROM_CENTERS = 20_000
 
@@ -117,9 +119,10 @@ class _EigenProBase(BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> _EigenProBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
-        with FitContext(self, X, y, target=self._task) as fit:
-            route = self._route(fit.data.n_rows)
-            route.check()
+        fit = FitContext(self, X, y, target=self._task)
+        route = self._route(fit.data.n_rows)
+        route.check()  # before the cluster starts (a refusal came after 25 s of work)
+        with fit:
             # one read serves the random-feature preconditioner and the bandwidth
             # (its rows are all training rows unless some are held out)
             shared = isinstance(route, FeatureRoute) and not self.early_stopping

@@ -11,6 +11,8 @@ from typing import Any
 import dask
 import numpy as np
 
+from dkernel.engine.cluster import workers_info
+from dkernel.engine.progress import phase
 from dkernel.estimators.eigenpro.route import (
     Route,
     cache_mode,
@@ -25,6 +27,7 @@ from dkernel.solvers.eigenpro import (
     subsample_preconditioner,
 )
 from dkernel.solvers.kernel_rows import (
+    TILE_ROWS,
     FillLost,
     centers_payload,
     kernel_rows_key,
@@ -50,6 +53,7 @@ class KernelRoute(Route):
             sample: np.ndarray | None, read_seconds: float) -> None:
         est, engine, client, data = self.est, fit.engine, fit.client, fit.data
         n = p = data.n_rows
+        check_worker_room(client, p, data.n_inputs, encoding.n_outputs)
         rng = np.random.default_rng([est.random_state_, 0xE16])
         ridge = float(est._given("alpha") or 0.0)
         mode = cache_mode(est, client, data, p)
@@ -63,10 +67,12 @@ class KernelRoute(Route):
         beta = kernel_diagonal_max(est.kernel)
         max_batch = int(est._given("max_batch") or min(s, p))
         # a fixed number of chunks (not one per worker): sums must not depend on the cluster
-        pre, eig = subsample_preconditioner(engine, centers[sub_idx], est.kernel, bandwidth,
-                                            q=est._given("q"), damping=damping, beta=beta,
-                                            max_batch=max_batch, n_chunks=16,
-                                            random_state=est.random_state_)
+        with phase(f"eigenpro: preconditioner of {s} subsample rows (its eigensolve runs on "
+                   "the client)", engine.options.progress):
+            pre, eig = subsample_preconditioner(engine, centers[sub_idx], est.kernel, bandwidth,
+                                                q=est._given("q"), damping=damping, beta=beta,
+                                                max_batch=max_batch, n_chunks=16,
+                                                random_state=est.random_state_)
         # alpha raises the operator's eigenvalues by alpha (solvers.eigenpro's docstring)
         m_star = critical_batch(beta + ridge, pre.new_top + ridge)
         batch = est._given_batch(data.n_rows) or max(1, min(int(m_star), max_batch, p))
@@ -133,3 +139,21 @@ class KernelRoute(Route):
         est.solver_ = meta.get("solver", "eigenpro")
         est.n_centers_ = meta.get("n_centers", int(est.centers_.shape[0]))
         est.n_rows_used_ = meta.get("n_rows_used", est.n_centers_)
+
+
+def check_worker_room(client: Any, p: int, d: int, c: int) -> None:
+    """Refuse, before any work, p centers whose per-worker arrays cannot fit:
+    every worker holds the centers, the coefficients (twice: p x c) and a
+    ``TILE_ROWS`` x p tile of the kernel, 4 p (d + 2 c + TILE_ROWS) bytes.  2M
+    centers of 8 inputs on 600 MB workers had them restarted until the fit died
+    ("FuturesCancelledError ... already forgotten")."""
+    limits = [w.get("memory_limit") for w in workers_info(client).values()]
+    limits = [int(m) for m in limits if m]
+    need = 4 * p * (d + 2 * c + TILE_ROWS)
+    if limits and need > 0.5 * min(limits):
+        raise ValueError(
+            f"n_centers={p}: the kernel form (every row a center) keeps the centers, their "
+            f"coefficients and a {TILE_ROWS}-row tile of the kernel on every worker, about "
+            f"{need / 2**30:.2f} GiB, more than half the smallest worker's memory limit "
+            f"({min(limits) / 2**30:.2f} GiB); pass a smaller n_centers (the Nystrom solve over "
+            "all rows, FALKON), or give the workers more memory")

@@ -4,6 +4,7 @@ conjugate gradients (Rudi, Carratino & Rosasco 2017, Alg. 1)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import warnings
@@ -13,6 +14,7 @@ import dask
 import numpy as np
 
 from dkernel.engine.guard import FitQualityWarning
+from dkernel.engine.progress import phase
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
 from dkernel.estimators.eigenpro.route import cache_mode, predict_block, rows_as_float32
 from dkernel.estimators.fitting import FitContext
@@ -50,6 +52,7 @@ class NystromRoute(KernelRoute):
                 f"n_centers={p} < {n} rows the fit is a conjugate-gradient solve over all rows, "
                 f"which has no use for them: drop them, or set n_centers={n} (every row a "
                 "center) for the SGD iteration")
+        falkon_fits_client(p)
         if est.checkpoint is not None and (est.checkpoint_every or est.resume):
             raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); "
                              f"the all-rows solve (n_centers={p} < {n} rows) runs "
@@ -62,10 +65,13 @@ class NystromRoute(KernelRoute):
         lam = float(est._given("alpha") or _DEFAULT_RIDGE)
         rng = np.random.default_rng([est.random_state_, 0xE16])
         idx = np.sort(rng.choice(n, size=p, replace=False))
-        centers = rows_as_float32(subset_rows(data, idx), fit.client)
-        t0 = time.perf_counter()
-        pre = FalkonPreconditioner.from_kernel(center_kernel(centers, est.kernel, bandwidth), lam)
-        t_pre = time.perf_counter() - t0
+        with phase(f"eigenpro: FALKON preconditioner of {p} centers (their kernel and its "
+                   "Cholesky factors, on the client)", engine.options.progress):
+            centers = rows_as_float32(subset_rows(data, idx), fit.client)
+            t0 = time.perf_counter()
+            pre = FalkonPreconditioner.from_kernel(center_kernel(centers, est.kernel, bandwidth),
+                                                   lam)
+            t_pre = time.perf_counter() - t0
         mode = cache_mode(est, fit.client, data, p)
         constants = {**centers_payload(centers),
                      "kernel": est.kernel, "bandwidth": float(bandwidth), "encoding": encoding,
@@ -127,3 +133,19 @@ class NystromRoute(KernelRoute):
                   f"{t_pre:.1f}s passes={result.n_passes} cache={mode} cg residual="
                   f"{last.get('residual', nan):.3g} train mse={last.get('loss', nan):.4g}",
                   file=sys.stderr, flush=True)
+
+
+def falkon_fits_client(p: int) -> None:
+    """Refuse, before any work, p centers whose preconditioner this process
+    cannot hold: about 20 p^2 bytes at its peak (:func:`FalkonPreconditioner.from_kernel`),
+    8 GB for the 20 000 centers "auto" takes above 100k rows."""
+    import psutil
+
+    need, free = 20 * p * p, psutil.virtual_memory().available
+    if need > free:
+        fits = int(math.sqrt(free / 20)) // 1000 * 1000
+        raise MemoryError(
+            f"n_centers={p}: FALKON's preconditioner is factorised here, on the client, and "
+            f"needs about {need / 2**30:.1f} GiB at its peak, where {free / 2**30:.1f} GiB are "
+            f"free; pass n_centers={max(fits, 1000)} or fewer (its memory grows as n_centers^2), "
+            "or fit from a machine with more memory")
