@@ -231,13 +231,13 @@ def preconditioner_seconds(client, store: str, n_features: int, random_state: in
     from dkernel import EigenProRegressor
     from dkernel.data import open_dataset
     from dkernel.engine import Engine, EngineOptions
-    from dkernel.estimators.base import bandwidth_rows, median_heuristic, sample_rows
     from dkernel.estimators.eigenpro.features import (
         _RF_DENSE_MAX,
         _RF_PAIRS,
         _RF_PAIRS_RANDOMIZED,
         rf_subsample,
     )
+    from dkernel.estimators.sampling import bandwidth_rows, median_heuristic, sample_rows
     from dkernel.features import FeatureMap
     from dkernel.solvers.eigenpro_rf import default_batch, feature_preconditioner
     from dkernel.solvers.local_steps import local_steps
@@ -248,7 +248,7 @@ def preconditioner_seconds(client, store: str, n_features: int, random_state: in
     D = -(-n_features // B) * B
     t0 = time.perf_counter()
     sample = sample_rows(data, random_state, client, size=min(data.n_rows, rf_subsample(D)))
-    bandwidth = median_heuristic(bandwidth_rows(sample, random_state), "gaussian")
+    bandwidth = median_heuristic(bandwidth_rows(sample, data, random_state), "gaussian")
     t1 = time.perf_counter()
     features = FeatureMap("gaussian", bandwidth, data.n_inputs, B, random_state)
     lanes = engine.pin_lanes(data)

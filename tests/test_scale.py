@@ -36,7 +36,7 @@ def test_float32_preconditioner_eigenvalues_agree_with_float64(client):
 
 
 def test_a_sample_reads_a_bounded_number_of_chunks(tmp_path):
-    from dkernel.estimators.base import _SAMPLE_CHUNKS, sample_index
+    from dkernel.estimators.sampling import _SAMPLE_CHUNKS, sample_index
 
     X = np.zeros((200 * 100, 2), np.float32)
     many = open_dataset(write_store(tmp_path / "many.zarr", X, chunk_rows=100))
@@ -50,7 +50,7 @@ def test_a_sample_reads_a_bounded_number_of_chunks(tmp_path):
 def test_a_larger_sample_holds_the_rows_of_the_bandwidths_sample(tmp_path):
     # an independent subsample of the preconditioner's larger read gave
     # bandwidth="auto" another value than the 1000 rows every other route reads
-    from dkernel.estimators.base import _SAMPLE_DOMAIN, bandwidth_rows, sample_index
+    from dkernel.estimators.sampling import _SAMPLE_DOMAIN, bandwidth_rows, sample_index
 
     X = np.arange(200 * 100 * 2, dtype=np.float32).reshape(-1, 2)
     for data in (open_dataset(write_store(tmp_path / "many.zarr", X, chunk_rows=100)),

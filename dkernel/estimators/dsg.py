@@ -15,19 +15,14 @@ from sklearn.utils.metaestimators import available_if
 
 from dkernel.data.dataset import Dataset
 from dkernel.engine import Engine
-from dkernel.estimators.base import (
-    BaseEstimator,
-    apply_rows,
-    bandwidth_rows,
-    sample_rows,
-    warn_many_classes,
-)
+from dkernel.estimators.base import BaseEstimator, apply_rows, warn_many_classes
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import (
     history_meta,
     set_history,
     validation_score,
 )
+from dkernel.estimators.sampling import bandwidth_rows, sample_rows
 from dkernel.estimators.spec import documented
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 from dkernel.features import FeatureMap, step_eigenvalue

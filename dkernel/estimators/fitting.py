@@ -20,14 +20,9 @@ from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.chunks import worker_rows
 from dkernel.engine.progress import phase
-from dkernel.estimators.base import (
-    _BANDWIDTH_SAMPLE,
-    resolve_bandwidth,
-    resolve_random_state,
-    sample_rows,
-    validate_fit_input,
-)
+from dkernel.estimators.base import resolve_random_state, validate_fit_input
 from dkernel.estimators.history import EpochMonitor, split_validation
+from dkernel.estimators.sampling import _BANDWIDTH_SAMPLE, resolve_bandwidth, sample_rows
 from dkernel.features import FeatureMap
 from dkernel.kernels import median_heuristic
 

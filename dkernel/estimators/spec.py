@@ -150,7 +150,9 @@ EARLY_STOPPING = Param("early_stopping", False, "bool", boolean(), """\
     epoch's model.""", "early stopping")
 VALIDATION_FRACTION = Param("validation_fraction", 0.1, "float",
                             number(0.0, 1.0, high_open=True),
-                            "Rows held out by ``early_stopping``.", "early stopping")
+                            "Rows held out by ``early_stopping``: drawn from all rows in "
+                            "memory, from each chunk of a store or dask array.",
+                            "early stopping")
 N_ITER_NO_CHANGE = Param("n_iter_no_change", 2, "int", integer(),
                          "Epochs without improvement before ``early_stopping`` stops.",
                          "early stopping")

@@ -15,13 +15,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
 
-from dkernel.estimators.base import (
-    BaseEstimator,
-    balanced_rows,
-    bandwidth_rows,
-    graph_value,
-    warn_many_classes,
-)
+from dkernel.estimators.base import BaseEstimator, balanced_rows, graph_value, warn_many_classes
 from dkernel.estimators.eigenpro.features import (
     _RF_PAIRS,
     _RF_ROWS_PER_FEATURE,
@@ -33,6 +27,7 @@ from dkernel.estimators.eigenpro.nystrom import _DEFAULT_RIDGE, NystromRoute
 from dkernel.estimators.eigenpro.route import Route, checked_predict_block, predict_block
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.sampling import bandwidth_rows
 from dkernel.estimators.spec import documented, params_of
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
 
