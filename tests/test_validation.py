@@ -374,3 +374,23 @@ def test_a_bandwidth_far_below_the_rows_spacing_is_warned_about_on_random_featur
         warnings.simplefilter("error", UserWarning)
         EigenProRegressor(n_epochs=1, bandwidth=0.015, client=client).fit(X, y)  # kernel form
         DSGRegressor(n_features=128, n_epochs=1, bandwidth=0.5, client=client).fit(X, y)
+
+
+def test_a_classifier_on_an_id_like_or_continuous_dask_target_is_refused_from_capped_labels(
+        client, monkeypatch):
+    # da.unique gathered every distinct value onto one worker and the client
+    # before the refusal (7.3M values of an 8M-row continuous target)
+    from dkernel.estimators import base
+
+    monkeypatch.setattr(base, "_MAX_CLASSES", 50)
+    X = da.from_array(np.random.default_rng(0).normal(size=(4000, 2)), chunks=(500, 2))
+    ids = da.arange(4000, chunks=500)
+    with pytest.raises(ValueError, match="y has more than 50 distinct values"):
+        DSGClassifier(n_features=64, n_epochs=1, client=client).fit(X, ids)
+    continuous = ids / 7.0
+    with pytest.raises(ValueError, match=r"labels must be whole numbers, found .* among more "
+                                         r"than 50 distinct values"):
+        DSGClassifier(n_features=64, n_epochs=1, client=client).fit(X, continuous)
+    labels = ids % 3
+    assert list(DSGClassifier(n_features=64, n_epochs=1, client=client).fit(X, labels)
+                .classes_) == [0, 1, 2]

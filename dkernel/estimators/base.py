@@ -230,18 +230,53 @@ def discover_classes(data: Dataset, client: Any) -> np.ndarray:
     if data.host is not None:
         classes = np.unique(data.host[1])
     else:
-        classes = result(client, client.compute(da.unique(data.y.reshape(-1))), "y's classes")
+        classes = result(client, client.compute(_labels(data.y)), "y's classes")
     if classes.dtype.kind == "f" and not np.isfinite(classes).all():
         raise ValueError(f"y holds {float(classes[~np.isfinite(classes)][0])} labels (missing "
                          "values); drop or label those rows before fitting")
     if classes.dtype.kind == "f" and not np.all(np.mod(classes, 1) == 0):
         bad = classes[np.mod(classes, 1) != 0][0]
         raise ValueError(
-            f"classification labels must be whole numbers, found {bad!r} among {classes.size} "
+            f"classification labels must be whole numbers, found {bad!r} among "
+            f"{f'more than {_MAX_CLASSES}' if classes.size > _MAX_CLASSES else classes.size} "
             "distinct values; use a regressor (--task regression) for continuous targets"
         )
+    if len(classes) > _MAX_CLASSES:
+        raise ValueError(
+            f"y has more than {_MAX_CLASSES} distinct values: a classifier fits one output per "
+            "class, so this looks like a continuous or ID-like target; use a regressor "
+            "(--task regression), or fit on the labels")
     check_two_classes(classes)
     return classes
+
+
+#: Most distinct labels a classifier is fitted on (out-of-core y): each chunk
+#: and each merge keeps at most one more, so a continuous or ID-like target is
+#: refused without its distinct values on one worker and the client (da.unique
+#: held all of them: 7.3M values of 8M rows).
+_MAX_CLASSES = 100_000
+
+
+def _labels(y: da.Array) -> Any:
+    """The delayed sorted labels of y, capped (:data:`_MAX_CLASSES`), merged as a tree."""
+    parts = [dask.delayed(_capped_unique)(b) for b in y.reshape(-1).to_delayed().ravel()]
+    while len(parts) > 1:
+        parts = [dask.delayed(_capped_unique)(*parts[i:i + 8]) for i in range(0, len(parts), 8)]
+    return parts[0]
+
+
+def _capped_unique(*blocks: Any) -> np.ndarray:
+    """Sorted distinct values of ``blocks``: at most ``_MAX_CLASSES + 1`` of them,
+    keeping one that is not a whole number and one that is not finite (what the
+    checks after it name)."""
+    u = np.unique(np.concatenate([np.asarray(b).reshape(-1) for b in blocks]))
+    if len(u) <= _MAX_CLASSES + 1:
+        return u
+    keep = [u[: _MAX_CLASSES + 1]]
+    if u.dtype.kind == "f":
+        finite = np.isfinite(u)
+        keep += [u[~finite][:1], u[finite][np.mod(u[finite], 1) != 0][:1]]
+    return np.unique(np.concatenate(keep))
 
 
 def check_two_classes(classes: np.ndarray) -> None:
