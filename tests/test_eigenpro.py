@@ -774,10 +774,12 @@ def test_a_kernel_form_too_large_for_the_workers_is_refused_before_any_work():
     # with "FuturesCancelledError ... already forgotten"
     from distributed import Client, LocalCluster
 
+    from dkernel.estimators.eigenpro.kernel_form import check_worker_room
+
     X = np.random.default_rng(0).normal(size=(400_000, 8)).astype(np.float32)
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         with pytest.raises(ValueError, match=r"n_centers=400000: the kernel form .* more than "
                                              r"half the smallest worker's memory limit"):
             EigenProRegressor(n_centers=400_000, bandwidth=1.0, client=client).fit(X, X[:, 0])
-        EigenProRegressor(n_epochs=1, bandwidth=1.0, client=client).fit(X[:5000], X[:5000, 0])
+        check_worker_room(client, 20_000, 8, 1)  # (~11 MB: taken)

@@ -50,6 +50,12 @@ def test_out_of_core_rows_are_held_out_per_chunk_without_an_index_of_every_row(t
     assert np.array_equal(train.y[:5000].compute(), train.X[:5000, 0].compute())  # X, y aligned
     both = np.concatenate([np.asarray(d.y.compute()) for d in (train, val)])
     assert np.array_equal(np.sort(both), X[:, 0])  # every row once, in train or validation
+    # small chunks hold out as many rows as in memory (each chunk's share rounded
+    # held out 1 row of 4000 in 4-row chunks, 533 in 15-row ones; review)
+    for rows in (4, 15):
+        small = open_dataset(da.from_array(X[:4000], chunks=(rows, 2)),
+                             da.arange(4000, chunks=rows))
+        assert split_validation(small, 0.1, 3)[1].n_rows == 400
 
 
 def test_dsg_early_stopping_stops_after_n_iter_no_change_and_keeps_the_best_epoch(client):

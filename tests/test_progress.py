@@ -107,3 +107,26 @@ def test_work_that_prints_nothing_is_named_after_a_quiet_spell_innermost_phase_f
     assert "dkernel fit: running" in rest and "quiet" not in rest
     time.sleep(0.8)
     assert out.getvalue()[len(inner) + len(busy):] == rest  # nothing once every phase ended
+
+
+def test_a_heartbeat_ends_its_line_on_a_terminal_and_outlives_a_stream_that_failed():
+    # on a terminal the next print was glued onto the heartbeat; a stream that
+    # raised once (a closed pipe) stopped every later heartbeat of the process
+    import time
+
+    import dask
+
+    from dkernel.engine.progress import phase
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise ValueError("I/O operation on closed file")
+
+    tty = _Terminal()
+    with dask.config.set({"dkernel.progress-heartbeat": 0.3}):
+        with phase("broken", True, stream=Closed()):
+            time.sleep(0.8)
+        time.sleep(1.2)  # (the thread that met the closed stream has ended)
+        with phase("fit", True, stream=tty):
+            time.sleep(0.8)
+    assert "fit: running" in tty.getvalue() and tty.getvalue().endswith("\n")

@@ -443,10 +443,14 @@ def test_a_checkpoint_interval_the_fit_never_reaches_is_warned_about(client, tmp
     X = np.random.default_rng(1).standard_normal((600, 2)).astype(np.float32)
     kw = dict(n_features=32, block_size=32, n_epochs=5, batch_size=300, client=client)
     with pytest.warns(UserWarning, match=r"checkpoint_every=10 steps, but this fit takes 10 "
-                                         r"\(2 an epoch\).*checkpoint_every=2 writes one an epoch"):
+                                         r"\(2 an epoch\).*checkpoint_every=2 writes one every 2"):
         DSGRegressor(checkpoint_every=10, checkpoint=str(tmp_path / "a.npz"), **kw).fit(
             X, X[:, 0])
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         DSGRegressor(checkpoint_every=9, checkpoint=str(tmp_path / "b.npz"), **kw).fit(
             X, X[:, 0])
+    # one epoch: the suggestion is not the interval given (review)
+    with pytest.warns(UserWarning, match=r"takes 2 \(2 an epoch\).*checkpoint_every=1 writes"):
+        DSGRegressor(checkpoint_every=2, checkpoint=str(tmp_path / "c.npz"),
+                     **{**kw, "n_epochs": 1}).fit(X, X[:, 0])

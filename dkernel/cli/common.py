@@ -252,7 +252,7 @@ def connect_cluster(args: argparse.Namespace) -> Iterator[Any]:
     from dkernel.engine import connect
     from dkernel.engine.progress import phase
 
-    command = " ".join(["dkernel", *(getattr(args, "argv", None) or [])[:1]])
+    command = " ".join(["dkernel", *([args.command] if getattr(args, "command", None) else [])])
     with phase(command, not getattr(args, "quiet", False)), \
             connect(**cluster_options(args)) as client:
         yield client

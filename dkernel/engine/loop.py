@@ -179,10 +179,12 @@ class Engine:
         self.backoffs = guard.backoffs
         state = guard.start(state)
         per_epoch = [plan.steps_per_epoch(e) for e in range(n_epochs)]
-        if ckpt.path is not None and ckpt.every >= sum(per_epoch) > start:  # (silent before)
-            warnings.warn(f"checkpoint_every={ckpt.every} steps, but this fit takes "
-                          f"{sum(per_epoch)} ({per_epoch[0]} an epoch): no checkpoint is written "
-                          f"before it ends; checkpoint_every={per_epoch[0]} writes one an epoch",
+        total = sum(per_epoch)
+        if ckpt.path is not None and ckpt.every >= total > start:  # (silent before)
+            every = per_epoch[0] if per_epoch[0] < total else max(1, total // 2)
+            warnings.warn(f"checkpoint_every={ckpt.every} steps, but this fit takes {total} "
+                          f"({per_epoch[0]} an epoch): no checkpoint is written before it ends; "
+                          f"checkpoint_every={every} writes one every {every} steps",
                           UserWarning, stacklevel=4)
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         if resident is not None and data.host is None:

@@ -75,18 +75,30 @@ def phase(label: str, enabled: bool, stream: TextIO | None = None) -> Iterator[N
 def _beat() -> None:
     import dask
 
-    while True:
-        every = float(dask.config.get("dkernel.progress-heartbeat", 10.0))
-        time.sleep(min(1.0, every / 4))
+    try:
+        while True:
+            every = float(dask.config.get("dkernel.progress-heartbeat", 10.0))
+            time.sleep(min(1.0, every / 4))
+            with _lock:
+                if not _phases:
+                    return
+                label, t0, stream = _phases[-1]
+                now = time.perf_counter()
+                if now - _out["last"] >= every:
+                    # a whole line, on a terminal too (over a bar's line, which
+                    # its next update redraws): what prints next starts afresh
+                    line = f"{label}: running, {now - t0:.0f}s"
+                    try:
+                        if hasattr(stream, "isatty") and stream.isatty():
+                            _write(stream, line, True)
+                            _end_line(stream)
+                        else:
+                            _write(stream, line, False)
+                    except (OSError, ValueError):  # (a closed stream or pipe: say nothing)
+                        _out["last"] = now
+    finally:  # (the next phase starts another; a failed write did not stop it for good)
         with _lock:
-            if not _phases:
-                _out["beating"] = False  # (the next phase starts another)
-                return
-            label, t0, stream = _phases[-1]
-            now = time.perf_counter()
-            if now - _out["last"] >= every:
-                tty = hasattr(stream, "isatty") and stream.isatty()
-                _write(stream, f"{label}: running, {now - t0:.0f}s", tty)
+            _out["beating"] = False
 
 
 class Progress:

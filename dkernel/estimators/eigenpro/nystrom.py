@@ -52,7 +52,8 @@ class NystromRoute(KernelRoute):
                 f"n_centers={p} < {n} rows the fit is a conjugate-gradient solve over all rows, "
                 f"which has no use for them: drop them, or set n_centers={n} (every row a "
                 "center) for the SGD iteration")
-        falkon_fits_client(p)
+        falkon_fits_client(p, "" if est._given("n_centers") is not None else
+                           f"n_centers='auto' takes {p} centers above 100k rows; ")
         if est.checkpoint is not None and (est.checkpoint_every or est.resume):
             raise ValueError(f"checkpoints are written by the SGD iteration (every row a center); "
                              f"the all-rows solve (n_centers={p} < {n} rows) runs "
@@ -135,17 +136,21 @@ class NystromRoute(KernelRoute):
                   file=sys.stderr, flush=True)
 
 
-def falkon_fits_client(p: int) -> None:
+def falkon_fits_client(p: int, why: str = "") -> None:
     """Refuse, before any work, p centers whose preconditioner this process
     cannot hold: about 20 p^2 bytes at its peak (:func:`FalkonPreconditioner.from_kernel`),
-    8 GB for the 20 000 centers "auto" takes above 100k rows."""
+    8 GB for the 20 000 centers "auto" takes above 100k rows.  Free memory is
+    the machine's, or what a container's memory limit leaves (Dask's reading)."""
     import psutil
+    from distributed.system import MEMORY_LIMIT
 
-    need, free = 20 * p * p, psutil.virtual_memory().available
+    need = 20 * p * p
+    free = min(psutil.virtual_memory().available,
+               MEMORY_LIMIT - psutil.Process().memory_info().rss)
     if need > free:
         fits = int(math.sqrt(free / 20)) // 1000 * 1000
         raise MemoryError(
-            f"n_centers={p}: FALKON's preconditioner is factorised here, on the client, and "
+            f"{why}n_centers={p}: FALKON's preconditioner is factorised here, on the client, and "
             f"needs about {need / 2**30:.1f} GiB at its peak, where {free / 2**30:.1f} GiB are "
             f"free; pass n_centers={max(fits, 1000)} or fewer (its memory grows as n_centers^2), "
             "or fit from a machine with more memory")
