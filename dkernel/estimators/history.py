@@ -48,36 +48,42 @@ def split_validation(data: Dataset, fraction: float, random_state: int) -> tuple
     held out, both in their original order.
 
     Rows in memory are drawn from all of them.  Out-of-core rows are drawn
-    within each chunk, on the workers, ``fraction`` of each chunk's rows: a
-    permutation of every row and dask's fancy indexing with it cost the client
-    about 70 bytes a row (1.3 GB at 8M rows, 5 GB at 32M) and sent the indices
-    through the scheduler in the task graph."""
+    within each chunk, on the workers, as many in all as in memory, each
+    chunk's share by its rows (:func:`_held`): a permutation of every row and
+    dask's fancy indexing with it cost the client about 70 bytes a row (1.3 GB
+    at 8M rows, 5 GB at 32M) and sent the indices through the scheduler."""
     if data.n_rows < 2:
         raise ValueError(
             f"early stopping needs at least 2 rows to hold some out, got {data.n_rows}"
         )
-    seed = [int(random_state), 0xE16]
-    if data.host is None:
-        return _split_chunks(data, fraction, seed)
-    perm = np.random.default_rng(seed).permutation(data.n_rows)
+    seed = (int(random_state), 0xE16)
     n_val = min(data.n_rows - 1, max(1, int(round(fraction * data.n_rows))))
+    if data.host is None:
+        return _split_chunks(data, n_val, seed)
+    perm = np.random.default_rng(seed).permutation(data.n_rows)
     return subset_rows(data, np.sort(perm[n_val:])), subset_rows(data, np.sort(perm[:n_val]))
 
 
-def _split_chunks(data: Dataset, fraction: float, seed: list) -> tuple[Dataset, Dataset]:
+def _held(n_val: int, n_rows: int, start: int, stop: int) -> int:
+    """Rows held out of rows [start, stop): the chunks' shares of ``n_val`` sum
+    to it exactly, each within one row of its proportion (rounding each
+    chunk's own share held out 1 row of 4000 in 4-row chunks, 533 in 15-row
+    ones).  A function of the chunk's place alone, so no task carries a list
+    of every chunk's count."""
+    return n_val * stop // n_rows - n_val * start // n_rows
+
+
+def _split_chunks(data: Dataset, n_val: int, seed: tuple) -> tuple[Dataset, Dataset]:
     import dask.array as da
 
-    rows = np.diff(data.row_offsets()).astype(np.int64)
-    # as many as in memory, spread over the chunks as a draw without
-    # replacement spreads them (rounding each chunk's share held out 1 row of
-    # 4000 in 4-row chunks, 533 in 15-row ones)
-    n_val = min(data.n_rows - 1, max(1, int(round(fraction * data.n_rows))))
-    held = np.random.default_rng(seed).multivariate_hypergeometric(rows, n_val)
+    offsets = [int(v) for v in data.row_offsets()]
+    held = [_held(n_val, data.n_rows, a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+    rows = np.diff(offsets)
 
     def part(a: Any, keep: bool) -> Any:
-        sizes = tuple(int(v) for v in (rows - held if keep else held))
-        out = a.map_blocks(_chunk_part, held=tuple(int(v) for v in held), seed=tuple(seed),
-                           keep=keep, chunks=(sizes, *a.chunks[1:]), dtype=a.dtype,
+        sizes = tuple(int(r - h) if keep else h for r, h in zip(rows, held))
+        out = a.map_blocks(_chunk_part, n_val=n_val, n_rows=data.n_rows, seed=seed, keep=keep,
+                           chunks=(sizes, *a.chunks[1:]), dtype=a.dtype,
                            meta=np.empty((0,) * a.ndim, a.dtype))
         return da.concatenate([out.blocks[c] for c in range(len(sizes)) if sizes[c]])
 
@@ -86,12 +92,16 @@ def _split_chunks(data: Dataset, fraction: float, seed: list) -> tuple[Dataset, 
                  for keep in (True, False))
 
 
-def _chunk_part(block: Any, held: tuple, seed: tuple, keep: bool, block_info: Any = None) -> Any:
-    """The training (``keep``) or held-out rows of row chunk c: ``held[c]`` of its
-    rows drawn from a seed of (``seed``, c), the same for X and y."""
+def _chunk_part(block: Any, n_val: int, n_rows: int, seed: tuple, keep: bool,
+                block_info: Any = None) -> Any:
+    """The training (``keep``) or held-out rows of a row chunk: its :func:`_held`
+    share drawn from a seed of (``seed``, chunk), the same for X and y."""
     c = block_info[0]["chunk-location"][0]
+    start, stop = block_info[0]["array-location"][0]
     mask = np.zeros(block.shape[0], bool)
-    mask[np.random.default_rng([*seed, c]).choice(block.shape[0], held[c], replace=False)] = True
+    pick = np.random.default_rng([*seed, c]).choice(
+        block.shape[0], _held(n_val, n_rows, start, stop), replace=False)
+    mask[pick] = True
     return block[~mask] if keep else block[mask]
 
 
