@@ -188,3 +188,14 @@ def test_the_step_eigenvalue_is_the_features_own_where_a_narrow_kernel_makes_it_
     Z -= Z.mean(axis=0)
     expected = np.linalg.eigvalsh(Z @ Z.T / len(S))[-1]
     assert fm.top_eigenvalue(S, 8, center=True) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_median_heuristic_does_not_depend_on_where_the_data_sits():
+    # |x|^2 + |z|^2 - 2 x.z cancelled in float64 far from the origin: unit-spread
+    # rows 1e8 away gave 2.0 where the same rows at the origin give 1.5
+    from dkernel.kernels import median_heuristic
+
+    S = np.random.default_rng(0).normal(size=(300, 3))
+    for kernel in ("gaussian", "laplacian"):
+        assert median_heuristic(S + 1e8, kernel) == pytest.approx(
+            median_heuristic(S, kernel), rel=1e-6)

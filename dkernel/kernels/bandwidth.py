@@ -27,6 +27,7 @@ def median_heuristic(sample: np.ndarray, kernel: str) -> float:
         # condensed, in C: the n x n x d differences were 6 GB for 1000 rows of 784
         d = pdist(S, "cityblock")
     else:
+        S = S - S.mean(axis=0)  # |x|^2 + |z|^2 - 2 x.z cancels far from the origin
         sq = (S * S).sum(1)
         d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0))[iu]
     d = d[d > 0]

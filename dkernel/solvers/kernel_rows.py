@@ -400,12 +400,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
 
     def drop(timeout: float = 120, priority: int = 0) -> None:
         # the real keys only once this fill publishes: before that, rows under them
-        # are another fit's (of the same rows and kernel), complete and in use.
-        # (an interrupt's go ahead of any pair still queued: behind them a
-        # Ctrl-C waited 28-92 s.  A lost worker's wait for the pairs, as
-        # before: with the pairs cancelled and these ahead on that path too,
-        # test_a_worker_lost_during_the_kernel_row_fill fitted another model
-        # on a busy machine, every time; the cause was not found)
+        # are another fit's (of the same rows and kernel), complete and in use
         mine = (keys, final) if publishing else (keys,)
         wait_on(client, [client.submit(_discard, [k[c] for c in range(n) if homes[c] == h
                                                   for k in mine],
@@ -467,16 +462,16 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         if not all(published):
             raise FillLost("the kernel rows of a chunk were evicted or lost before the "
                            "fill finished")
-    except Exception:
-        drop()
-        raise
-    except BaseException:  # Ctrl-C / SIGTERM: seconds, not the queue's length
-        try:  # (pairs not started never run: their blocks are not wanted)
+    except BaseException as exc:
+        # pairs not started never run, and the discards go ahead of any pair still
+        # queued (behind them a Ctrl-C waited 28-92 s); an interrupt (Ctrl-C,
+        # SIGTERM) waits for them 5 s at most: the run's blocks are evictable once
+        # it retires, and the half-written rows are under private keys
+        interrupted = not isinstance(exc, Exception)
+        try:
             client.cancel(puts)
-            # ahead of any pair still queued (the run's blocks are evictable once
-            # it retires; the half-written rows are under private keys)
-            drop(timeout=5, priority=100)
-        except Exception:  # (a scheduler gone, or the 5 s past)
+            drop(timeout=5 if interrupted else 120, priority=100)
+        except Exception:  # (a scheduler gone, or the wait past): the first error is the news
             pass
         raise
     finally:
