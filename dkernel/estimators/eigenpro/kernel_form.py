@@ -77,13 +77,15 @@ class KernelRoute(Route):
         m_star = critical_batch(beta + ridge, pre.new_top + ridge)
         batch = est._given_batch(data.n_rows) or max(1, min(int(m_star), max_batch, p))
         token = dask.base.tokenize(data.X.name, est.kernel, bandwidth, p)
+        # the lanes before the fill: a worker lost in it is back (its nanny) some time
+        # later, and lanes="auto" counted 1 where the fit began on 2 (another model)
+        est.lanes_ = engine.pin_lanes(data)  # recorded: the model depends on it
         resident = self._fill(fit, chunks, homes, token, mode, bandwidth)
         del chunks
         program = KernelEigenProProgram(centers, sub_idx, pre, est.kernel, bandwidth, encoding,
                                         beta, data.row_offsets(), mode, token, ridge=ridge)
         if est._given("step_size") is not None:
             program.eta_override = float(est.step_size)
-        est.lanes_ = engine.pin_lanes(data)  # recorded: the model depends on it
         shifted = centers_payload(centers)  # once, not per block of every evaluation
         state = fit.run_steps(program, batch, resident=resident, evaluate=self.evaluator(
             fit, encoding, lambda st: {"kind": "kernel", "centers": shifted, "kernel": est.kernel,
