@@ -268,6 +268,41 @@ def test_scan_threads_state_through_chunks_in_order(client):
     assert out["n"] == 600 and out["h"] == pytest.approx(expect, rel=1e-12)
 
 
+def _prepare_rows_seen(payload, X, y, start=0):
+    return {"v": X[:, 0].astype(np.float64), "start": start}
+
+
+def _fold_pieces(state, prepared, payload):
+    assert prepared["start"] == state["n"]  # pass_start counts the rows before the piece
+    h = state["h"]
+    for v in prepared["v"]:  # row by row: the same rows in the same order, the same h
+        h = h * 1.0001 + v
+    return {"h": h, "n": state["n"] + prepared["v"].size,
+            "largest": max(state["largest"], prepared["v"].size)}
+
+
+def test_scan_cuts_large_chunks_into_pieces_and_folds_them_in_order(client, tmp_path):
+    # a prepared chunk can be many times the chunk (Oja's: 12 kB a row): max_rows
+    # bounds a task's rows, and the fold sees the same rows in the same order
+    X = np.arange(600, dtype=np.float32).reshape(-1, 1)
+    data = open_dataset(da.from_array(X, chunks=(100, 1)))
+    state = {"h": 0.0, "n": 0, "largest": 0}
+    kw = dict(n_epochs=2, pass_start=True)
+    whole = Engine(client).scan(data, _prepare_rows_seen, _fold_pieces, state, **kw)
+    ckpt = tmp_path / "scan.ckpt.npz"
+    cut = Engine(client, EngineOptions(checkpoint=str(ckpt), checkpoint_every=3)).scan(
+        data, _prepare_rows_seen, _fold_pieces, state, max_rows=32, **kw)
+    assert whole["largest"] == 100 and cut["largest"] == 32
+    assert cut["n"] == whole["n"] == 1200 and cut["h"] == whole["h"]
+    # a checkpoint counts pieces: a scan that would count chunks refuses it
+    with pytest.raises(ValueError, match="differs in: piece_rows"):
+        Engine(client, EngineOptions(checkpoint=str(ckpt), resume=True)).scan(
+            data, _prepare_rows_seen, _fold_pieces, state, **kw)
+    again = Engine(client, EngineOptions(checkpoint=str(ckpt), resume=True)).scan(
+        data, _prepare_rows_seen, _fold_pieces, state, max_rows=32, **kw)
+    assert again["h"] == cut["h"]
+
+
 def _prepare_where(payload, X, y):
     # a prepared chunk as Oja's: rows and a list of per-block products
     Z = np.repeat(X, 64, axis=1)

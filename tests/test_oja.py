@@ -134,6 +134,30 @@ def test_scan_through_engine_equals_local_fold(client):
     np.testing.assert_allclose(model.explained_variance_, lam, rtol=1e-5)
 
 
+def test_large_chunks_are_streamed_in_pieces_with_the_same_model(client, monkeypatch):
+    # a 65 536-row chunk's prepared rows were 800 MB at 2048 features, four
+    # chunks ahead: 600 MB workers died.  Pieces of about PIECE_BYTES give the
+    # model the whole chunks give (the blocks stay where they were)
+    from dkernel.engine import scan
+
+    X = _data(3000, 2)
+    Xd = da.from_array(X, chunks=(1500, 3))
+    kw = dict(bandwidth=1.5, n_features=256, block_rows=128, n_passes=2, client=client)
+    whole = StreamingKernelPCA(3, **kw).fit(Xd)
+    payload = {"features": whole.features_, "n_blocks": whole.n_blocks_, "block_rows": 128}
+    per_row = 4 * 256 + 8 * 128 + 8
+    assert oja.scan_rows(payload) == scan.PIECE_BYTES // per_row // 128 * 128
+    # what a piece's prepare returns is what scan_rows counted
+    prep = oja.oja_prepare({**payload, "center": True}, X[:512], None)
+    held = prep["Z"].nbytes + sum(g.nbytes for g in prep["G"]) + prep["r"].nbytes
+    assert held == 512 * per_row
+    monkeypatch.setattr(scan, "PIECE_BYTES", 300 * per_row)  # 256-row pieces
+    assert oja.scan_rows(payload) == 256
+    cut = StreamingKernelPCA(3, **kw).fit(Xd)
+    np.testing.assert_allclose(cut.components_, whole.components_, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(cut.explained_variance_, whole.explained_variance_, rtol=1e-5)
+
+
 def _off_alignment(a: np.ndarray, offset: int = 3) -> np.ndarray:
     """A copy of ``a`` starting ``offset`` bytes off a 16-byte boundary, as an array
     can arrive from another worker (distributed packs frames back to back)."""
@@ -291,3 +315,16 @@ def test_a_step_that_overflows_stops_with_the_setting_to_change(client):
     X = np.random.default_rng(0).normal(size=(400, 5))
     with pytest.raises(FloatingPointError, match="oja diverged.*use a smaller step_size"):
         StreamingKernelPCA(2, step_size=1e4, n_features=256, client=client).fit(X)
+
+
+def test_more_components_than_the_rows_hold_are_refused_as_kernel_pca_refuses_them(client):
+    # 5 rows, 5 components: the fifth came back as a column of exact zeros
+    X = _data(5, 0)[:, :2]
+    for model in (StreamingKernelPCA(5, bandwidth=1.0, n_features=64, client=client),
+                  StreamingKernelPCA(3, bandwidth=1.0, n_features=64, n_passes=1,
+                                     client=client)):
+        k = model.n_components
+        with pytest.raises(ValueError, match=rf"n_components={k} exceeds the \d component"):
+            model.fit(X if k == 5 else X[:3])
+    kept = StreamingKernelPCA(4, bandwidth=1.0, n_features=64, client=client).fit(X)
+    assert kept.components_.shape[1] == 4

@@ -60,6 +60,23 @@ def test_a_fit_no_better_than_the_mean_of_y_warns_with_the_fix(client):
         _warn_if_no_better_than_the_mean(None, 1e3, 1.0)
 
 
+def test_large_chunks_are_folded_in_pieces_with_the_same_model(client, monkeypatch):
+    # (Engine.scan's max_rows, as StreamingKernelPCA's: a prepared chunk holds a
+    # row of its diagonal block and of the basis per row, in float64)
+    from dkernel.engine import scan
+
+    X, y, _ = make_sphere_polynomial(1200, d=3, degree=4, random_state=8)
+    kw = dict(theta=0.5, block_size=64, record_at=[300, 1000], client=client)
+    for form in ("features", "kernel"):
+        whole = SphereRegressor(form=form, **kw).fit(_chunked(X, 600), _chunked(y, 600))
+        with monkeypatch.context() as m:
+            m.setattr(scan, "PIECE_BYTES", 1)  # one block a piece
+            cut = SphereRegressor(form=form, **kw).fit(_chunked(X, 600), _chunked(y, 600))
+        np.testing.assert_allclose(cut.predict(X), whole.predict(X), rtol=0, atol=1e-10)
+        for a, b in zip(cut.staged_predict(X), whole.staged_predict(X)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
 def test_multi_output_is_one_vs_rest_on_shared_kernel_work(client):
     X, y, _ = make_sphere_polynomial(400, d=3, degree=3, random_state=5)
     Y = np.stack([y, np.sin(3 * X[:, 0]), -y], axis=1)

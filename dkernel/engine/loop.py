@@ -27,7 +27,6 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,12 +42,12 @@ from dkernel.engine.program import StepProgram
 from dkernel.engine.progress import Progress, report_epoch, time_budget
 from dkernel.engine.reduce import (
     _CounterTree,
-    _run_fold,
     _run_partial,
     _run_step_partial,
     tree_sum,
 )
-from dkernel.engine.stall import result, scatter, wait_running
+from dkernel.engine.scan import scan
+from dkernel.engine.stall import ship, wait_running
 
 
 @dataclass
@@ -192,7 +191,7 @@ class Engine:
         elif keep_chunks and data.host is None and n_epochs > 1:
             source = _KeptSource(source)
         constants = program.constants()
-        extra = () if constants is None else (_ship(self.client, constants),)
+        extra = () if constants is None else (ship(self.client, constants),)
         run = self._last_run = self.new_run()  # owner of the blocks it caches on the workers
         if guard.pool_rows and "guard_reference" not in state:  # (guard.PROBE_ROWS)
             guard.set_reference(state, self._probe_loss(program, state, plan, source, data, 0,
@@ -239,7 +238,7 @@ class Engine:
                         if step < start:
                             step += 1
                             continue
-                        payload = _ship(self.client, program.payload(state, step))
+                        payload = ship(self.client, program.payload(state, step))
                         for attempt in range(_STEP_RETRIES + 1):
                             # named keys: the dashboard shows "<solver>-step" tasks,
                             # not _run_partial
@@ -276,9 +275,9 @@ class Engine:
                                     raise
                                 source.refresh()
                                 current, loaded = source.get(group), {}
-                                payload = _ship(self.client, program.payload(state, step))
+                                payload = ship(self.client, program.payload(state, step))
                                 extra = (() if constants is None
-                                         else (_ship(self.client, constants),))
+                                         else (ship(self.client, constants),))
                         lane_seconds = float(total.pop("_seconds", 0.0))
                         seen["compute"] += lane_seconds
                         slowest = total.pop("_slowest", None)
@@ -366,7 +365,7 @@ class Engine:
             probe_id = uuid.uuid4().hex[:8]
             try:
                 chunks = source.get(group)
-                payload = _ship(self.client, program.payload(state, step))
+                payload = ship(self.client, program.payload(state, step))
                 futs = [self.client.submit(_run_step_partial, type(program).partial, payload,
                                            chunks[c], slices[c],
                                            source.key(data.X.name, c) if program.wants_chunk
@@ -400,7 +399,7 @@ class Engine:
         on any cluster.
         """
         source = _ChunkSource(self.client, data, self.options.dtype, self._scattered)
-        payload = _ship(self.client, payload)
+        payload = ship(self.client, payload)
         # a pass after a fit (its final moments) reads the fit's cached blocks as
         # their owner: it visits each once, and evicting unread ones to fill
         # blocks it will not read again would only turn later hits into misses
@@ -500,100 +499,16 @@ class Engine:
         return self.options.lanes
 
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,
-             payload: Any = None, *, n_epochs: int = 1, shuffle: bool = False,
-             random_state: int = 0, fingerprint: dict | None = None, label: str = "scan",
-             window: int | None = None, pass_start: bool = False) -> Any:
-        """Thread ``state`` through every chunk:
-        ``state = fold(state, prepare(payload, X, y), payload)``.
-
-        ``prepare`` must not depend on the state, so the engine runs it ahead
-        for up to ``window`` chunks in parallel while the folds run in chunk
-        order (the state moves between workers; it should be O(model)).  A fold
-        runs on aligned copies of whatever arrived misaligned (``_run_fold``), so
-        the result does not depend on where each fold ran.
-        With ``shuffle`` the chunk order is permuted per epoch.  The state is
-        checkpointed every ``checkpoint_every`` chunks and a resumed scan skips
-        the chunks already folded.  With ``pass_start`` prepare is called as
-        ``prepare(payload, X, y, start=r)``, r the number of rows the scan folds
-        before this chunk (over all epochs), for per-row schedules such as step
-        sizes eta_n or truncation levels L_n.
-
-        Memory does not depend on the number of chunks: at most ``window``
-        chunks and their prepared results are alive at once (``peak_live``
-        records the most seen), plus the state, which moves between workers.
-        """
-        opts = self.options
-        plan = ChunkPlan(data.row_chunks, 1, 1, int(random_state), shuffle=shuffle)
-        ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every,
-                            {**(fingerprint or {}), **self._data_identity(data),
-                             "n_rows": data.n_rows,
-                             "n_inputs": data.n_inputs,
-                             "row_chunks": list(plan.row_chunks), "n_epochs": n_epochs,
-                             "shuffle": shuffle, "random_state": int(random_state), "scan": label})
-        start = 0
-        if not opts.resume:
-            ckpt.starting_over()
-        if opts.resume:
-            loaded = ckpt.resume()
-            if loaded is not None:
-                arrays, start = loaded
-                state = arrays["state"] if set(arrays) == {"state"} else arrays
-        full_order = [(e, int(c)) for e in range(n_epochs) for c in plan.chunk_order(e)]
-        rows_before = np.concatenate([[0], np.cumsum([plan.row_chunks[c] for _, c in full_order])])
-        order = full_order[start:]
-        source = _ChunkSource(self.client, data, opts.dtype, self._scattered)
-        payload = _ship(self.client, payload)
-        window = window or max(2, 2 * self.n_threads())
-        progress = Progress(start + len(order), label, opts.progress, start=start)
-        current: Any = state
-        pending: list[Future] = []
-        self.peak_live = 0
-        for k, (_, c) in enumerate(order):
-            chunk = source.get((c,))[c]
-            fn = partial(prepare, start=int(rows_before[start + k])) if pass_start else prepare
-            prepared = self.client.submit(_run_partial, fn, payload, chunk, None, pure=False)
-            current = self.client.submit(_run_fold, fold, current, prepared, payload, pure=False)
-            pending.append(current)
-            self.peak_live = max(self.peak_live, len(pending))
-            if len(pending) >= window:  # bound the chunks alive at once
-                wait_running(self.client, [pending.pop(0)], label)
-            done = start + k + 1
-            if ckpt.due(done):
-                value = result(self.client, current, label)
-                ckpt.save(value if isinstance(value, dict) else {"state": value}, done)
-            progress.update(1)
-        final = result(self.client, current, label) if isinstance(current, Future) else current
-        progress.close()
-        return final
+             payload: Any = None, **kwargs: Any) -> Any:
+        """One pass threading ``state`` through the chunks in order
+        (:func:`dkernel.engine.scan.scan`, whose keywords it takes)."""
+        return scan(self, data, prepare, fold, state, payload, **kwargs)
 
 
 # Times a step is redone after losing a worker before the fit gives up.
 _STEP_RETRIES = 3
 
-# Payloads up to this size travel inside the tasks: measured on Fashion-MNIST
-# DSG steps (330 kB of coefficients, 4 tasks), embedding took 34 ms a step
-# against 71 ms for a broadcast scatter's extra round trips.
-_SCATTER_BYTES = 8 << 20
-
 
 def _key_label(label: str) -> str:
     """A task-key prefix from a progress label ("kcca preconditioner" -> "kcca-preconditioner")."""
     return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-") or "pass"
-
-
-def _ship(client: Client, payload: Any) -> Any:
-    """Broadcast a large payload to every worker once instead of embedding it in
-    each task (wrapped in a list: scatter would split a dict into keys)."""
-    if _nbytes(payload) <= _SCATTER_BYTES:
-        return payload
-    return scatter(client, [payload], broadcast=True, hash=False)[0]
-
-
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 from distributed import Client, Future, wait
 
 from dkernel.engine.cluster import worker_timeout, workers_info
@@ -130,6 +131,30 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
             f"{_where(label)} stopped: no running worker could take its data ({len(paused)} of "
             f"{len(workers)} paused by Dask's memory guard; {first}: {_held(paused[first])}). "
             f"{_ADVICE}") from err
+
+
+# Payloads up to this size travel inside the tasks: measured on Fashion-MNIST
+# DSG steps (330 kB of coefficients, 4 tasks), embedding took 34 ms a step
+# against 71 ms for a broadcast scatter's extra round trips.
+_SCATTER_BYTES = 8 << 20
+
+
+def ship(client: Client, payload: Any) -> Any:
+    """Broadcast a large payload to every worker once instead of embedding it in
+    each task (wrapped in a list: scatter would split a dict into keys)."""
+    if _nbytes(payload) <= _SCATTER_BYTES:
+        return payload
+    return scatter(client, [payload], broadcast=True, hash=False)[0]
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
 
 
 def _workers(client: Client) -> dict[str, dict] | None:

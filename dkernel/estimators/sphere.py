@@ -31,6 +31,7 @@ from dkernel.solvers.sphere import (
     fingerprint,
     init_state,
     make_payload,
+    scan_rows,
     sphere_dim,
     sphere_fold,
     sphere_prepare,
@@ -125,7 +126,7 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
             state = fit.engine.scan(
                 data, sphere_prepare, sphere_fold, init_state(payload), payload,
                 n_epochs=int(self.n_epochs), fingerprint=fingerprint(payload), label="sphere",
-                pass_start=True)
+                pass_start=True, max_rows=scan_rows(payload))
             y = data.host[1] if data.host is not None else data.y
             moments = (y.mean(axis=0), y.var(axis=0))
             if data.host is None:

@@ -14,6 +14,7 @@ from dkernel.estimators.base import (
     apply_rows,
     validate_predict_input,
 )
+from dkernel.estimators.components.base import check_rows
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.spec import documented, params_of
@@ -79,7 +80,9 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def fit(self, X: Any, y: Any = None) -> StreamingKernelPCA:
         """One pass over X (array or store path; more on few rows, ``n_passes``);
         y is ignored."""
-        with FitContext(self, X, target="none") as fit:
+        fit = FitContext(self, X, target="none")
+        check_rows(int(self.n_components), fit.data.n_rows, bool(self.center))
+        with fit:
             data, center = fit.data, bool(self.center)
             t0 = time.perf_counter()
             sample = fit.sample()
@@ -108,7 +111,8 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                                    [self.random_state_, 0x0A1A], center)
             state = fit.engine.scan(data, oja.oja_prepare, oja.oja_fold, state, payload,
                                     n_epochs=passes, fingerprint=oja.fingerprint(payload),
-                                    label="oja", pass_start=True)
+                                    label="oja", pass_start=True,
+                                    max_rows=oja.scan_rows(payload))
         V, lam = oja.ordered(state)
         V = V * column_signs(V)  # a sign that does not hang on rounding
         mean = state["S"] / max(int(state["n"]), 1) if center else np.zeros(V.shape[0])

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import eigh, solve_triangular
 
+from dkernel.engine.scan import piece_rows
 from dkernel.features import FeatureMap
 
 
@@ -85,6 +86,14 @@ def oja_prepare(payload: dict, X: Any, y: Any, start: int = 0) -> dict[str, Any]
         out["r"], out["sum"] = r, offset
     out["G"] = [(Z[a : a + b] @ Z[a : a + b].T).astype(np.float64) for a in range(0, Z.shape[0], b)]
     return out
+
+
+def scan_rows(payload: dict) -> int:
+    """Rows a scan piece may hold (:func:`dkernel.engine.scan.piece_rows`): what
+    :func:`oja_prepare` returns is 4 D + 8 ``block_rows`` bytes a row (Z in
+    float32, the float64 Gram blocks), 12 kB at 2048 features."""
+    D = int(payload["n_blocks"]) * int(payload["features"].block_size)
+    return piece_rows(4 * D + 8 * int(payload["block_rows"]) + 8, int(payload["block_rows"]))
 
 
 def _block_update(

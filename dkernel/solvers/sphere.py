@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from dkernel.engine.scan import piece_rows
 from dkernel.kernels.zonal import ZonalFeatures, dim_polynomials, zonal_profile, zonal_weights
 
 #: Highest degree for which the monomial feature form is used: its weights
@@ -189,6 +190,15 @@ def init_state(payload: dict) -> dict[str, Any]:
     N = payload["n_total"]
     return {"support": np.zeros((N, payload["d"])), "alpha": np.zeros((N, c)),
             "level": np.zeros(N, dtype=np.int64), "n": 0, **history}
+
+
+def scan_rows(payload: dict) -> int:
+    """Rows a scan piece may hold (:func:`dkernel.engine.scan.piece_rows`): what
+    :func:`sphere_prepare` returns is float64, a row's point, target, level and
+    step, its row of the diagonal block and (features form) its basis values."""
+    F = payload["features"].n_features if payload["form"] == "features" else 0
+    B = int(payload["block_size"])
+    return piece_rows(8 * (payload["d"] + payload["n_outputs"] + 2 + B + F), B)
 
 
 def sphere_prepare(payload: dict, X: Any, y: Any, start: int = 0) -> dict[str, Any]:

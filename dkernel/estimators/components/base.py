@@ -99,6 +99,16 @@ def _score_block(Xb: Any, features: FeatureMap, coef: np.ndarray, mean: np.ndarr
     return decision(features, coef, Xb.astype(features.dtype, copy=False)) - mean
 
 
+def check_rows(n_components: int, n_rows: int, center: bool) -> None:
+    """Refuse more components than the rows carry: past n - 1 (centred) the
+    components are noise directions of eigenvalue ~1e-10 (or exact zeros),
+    returned as if real."""
+    most = n_rows - bool(center)
+    if n_components > most:
+        raise ValueError(
+            f"n_components={n_components} exceeds the {most} component(s) {n_rows} "
+            f"{'centred ' if center else ''}rows hold; use at most {most} or fit more rows")
+
 class _ComponentsBase(TransformerMixin, BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -115,14 +125,7 @@ class _ComponentsBase(TransformerMixin, BaseEstimator):
             self._resolve_steps()
 
     def _check_rows(self, n_rows: int) -> None:
-        """Refuse more components than the rows carry: past n - 1 (centred) the
-        components are noise directions of eigenvalue ~1e-10, returned as if real."""
-        most = n_rows - bool(self.center)
-        if self.n_components > most:
-            raise ValueError(
-                f"n_components={self.n_components} exceeds the {most} component(s) "
-                f"{n_rows} {'centred ' if self.center else ''}rows hold; use at most {most} "
-                "or fit more rows")
+        check_rows(self.n_components, n_rows, self.center)
 
     #: Settings only block steps have (power steps have no step size).
     _block_only: tuple[str, ...] = ("step_size", "step_decay")
