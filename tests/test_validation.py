@@ -331,6 +331,15 @@ def test_columns_float32_cannot_resolve_are_warned_about(client):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", "column .* of X sits at")
         DSGRegressor(**kw).fit(X + 1000, X[:, 0])
+    # EigenPro's kernel and Nystrom routes read no sample for a numeric bandwidth:
+    # at 1e8 both classified at chance (0.52, 0.48 against 0.99) without a word
+    from dkernel import EigenProClassifier
+
+    y = X[:, 0] + X[:, 1] > 0
+    for n_centers in ("auto", 100):
+        with pytest.warns(UserWarning, match=r"column \d of X sits at 1e\+08"):
+            EigenProClassifier(bandwidth=1.0, n_centers=n_centers, n_epochs=1,
+                               client=client).fit(X + 1e8, y)
 
 
 @pytest.mark.parametrize("make", [
@@ -394,3 +403,25 @@ def test_a_classifier_on_an_id_like_or_continuous_dask_target_is_refused_from_ca
     labels = ids % 3
     assert list(DSGClassifier(n_features=64, n_epochs=1, client=client).fit(X, labels)
                 .classes_) == [0, 1, 2]
+
+
+def test_nan_in_a_lazy_sample_is_named_with_its_own_row(client):
+    # KernelCCA's start-up sample met scipy's Cholesky first ("array must not
+    # contain infs or NaNs"); DSGDensityRatio named "X" and a row of the two
+    # samples combined (2749 or 2999 for row 1999 of its numerator)
+    from dkernel import DSGDensityRatio, KernelCCA
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 3)).astype(np.float32)
+    Y = (X @ rng.standard_normal((3, 2))).astype(np.float32)
+    Xn = X.copy()
+    Xn[1999, 1] = np.nan
+    lazy = da.from_array(Xn, chunks=500)
+    with pytest.raises(ValueError, match=r"^X contains NaN .*first bad row: 1999\)"):
+        KernelCCA(2, n_features=64, bandwidth=1.0, client=client).fit(lazy,
+                                                                     da.from_array(Y, chunks=500))
+    ratio = DSGDensityRatio(n_features=64, bandwidth=1.0, n_epochs=1, client=client)
+    for num, den, name in ((lazy, X[:1000], "X_numerator"), (X[:1000], lazy, "X_denominator"),
+                           (Xn, X[:1000], "X_numerator")):
+        with pytest.raises(ValueError, match=rf"^{name} contains NaN .*first bad row: 1999\)"):
+            ratio.fit(num, den)

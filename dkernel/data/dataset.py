@@ -347,7 +347,7 @@ def as_dask_rows(a: Any, name: str, chunk_rows: int | None = None) -> da.Array:
 
 
 def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: int | None = None,
-                 storage_options: dict | None = None) -> Dataset:
+                 storage_options: dict | None = None, name: str = "X") -> Dataset:
     """Open and validate a dataset; nothing is computed except for in-memory input.
 
     Parameters
@@ -362,6 +362,8 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
         Raise if no targets are found (fitting a supervised model).
     chunk_rows : int, optional
         Row-chunk size for in-memory input (default ~32 MB per chunk).
+    name : str
+        What errors about X call it (a parameter of the caller's, e.g. ``X_numerator``).
 
     Raises
     ------
@@ -389,19 +391,20 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
     in_memory = isinstance(X, np.ndarray) or isinstance(X, (list, tuple))
     if isinstance(X, (list, tuple)):
         X = np.asarray(X)
-    _check_lazy_rows(X, "X")
+    _check_lazy_rows(X, name)
     if not hasattr(X, "ndim"):
-        raise TypeError(f"X must be an array or a store path, got {type(X).__name__}")
+        raise TypeError(f"{name} must be an array or a store path, got {type(X).__name__}")
     if X.ndim != 2:
-        hint = " (reshape a single feature with X.reshape(-1, 1))" if X.ndim == 1 else ""
-        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}{hint}")
-    check_numeric_dtype(np.dtype(X.dtype), "X")
+        hint = f" (reshape a single feature with {name}.reshape(-1, 1))" if X.ndim == 1 else ""
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape "
+                         f"{X.shape}{hint}")
+    check_numeric_dtype(np.dtype(X.dtype), name)
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(f"X is empty (shape {X.shape}); a dataset needs at least one row and "
-                         "column")
+        raise ValueError(f"{name} is empty (shape {X.shape}); a dataset needs at least one row "
+                         "and column")
     if in_memory:
-        check_finite_chunk(np.asarray(X), "X", 0)
-    Xd = as_dask_rows(X, "X", chunk_rows)
+        check_finite_chunk(np.asarray(X), name, 0)
+    Xd = as_dask_rows(X, name, chunk_rows)
     yd = None
     if y is not None:
         y_in_memory = isinstance(y, (np.ndarray, list, tuple))

@@ -10,6 +10,7 @@ import dask.array as da
 import numpy as np
 
 from dkernel.data.dataset import Dataset, open_dataset
+from dkernel.data.validate import check_finite_chunk
 from dkernel.estimators.base import validate_predict_input
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.pool import PoolEstimator
@@ -62,7 +63,7 @@ class DSGDensityRatio(PoolEstimator):
         ``StandardScaler`` before it, two samples of one distribution gave a
         mean log-ratio of 3.45 instead of 0).  Transform both samples alike first.
         """
-        fit = FitContext(self, X_numerator, target="none")
+        fit = FitContext(self, X_numerator, target="none", name="X_numerator")
         if hasattr(self, "n_features_in_"):  # in-memory numerator: the same columns, by name too
             path = isinstance(X_denominator, (str, os.PathLike))
             width = () if path else np.shape(X_denominator)[1:2]
@@ -116,10 +117,13 @@ def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, i
     In-memory samples are shuffled together (seeded); out-of-core samples are
     split into the same number K of even row ranges and combined chunk i is
     (p's range i, q's range i), whose rows the engine shuffles."""
-    p, q = open_dataset(X_p), open_dataset(X_q)
+    p, q = open_dataset(X_p, name="X_numerator"), open_dataset(X_q, name="X_denominator")
     if p.n_inputs != q.n_inputs:
         raise ValueError(f"X_numerator has {p.n_inputs} columns but X_denominator has "
                          f"{q.n_inputs}; both samples must have the same features")
+    # each sample checked under its own name and row numbers (the combined rows'
+    # numbers are neither's): in memory now, lazy ones block by block as read
+    Xp, Xq = (_finite(d, name) for d, name in ((p, "X_numerator"), (q, "X_denominator")))
     if p.host is not None and q.host is not None:
         X = np.concatenate([p.host[0], q.host[0]])
         y = np.concatenate([np.ones(p.n_rows, np.float32), np.zeros(q.n_rows, np.float32)])
@@ -127,8 +131,8 @@ def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, i
         data = open_dataset(X[order], y[order])
     else:
         K = min(max(p.n_chunks, q.n_chunks), p.n_rows, q.n_rows)
-        Xp = p.X.rechunk({0: _even(p.n_rows, K)})
-        Xq = q.X.rechunk({0: _even(q.n_rows, K)})
+        Xp = Xp.rechunk({0: _even(p.n_rows, K)})
+        Xq = Xq.rechunk({0: _even(q.n_rows, K)})
         sizes = tuple(a + b for a, b in zip(Xp.chunks[0], Xq.chunks[0]))
         X = da.concatenate([b for i in range(K) for b in (Xp.blocks[i], Xq.blocks[i])])
         y = da.concatenate([b for i in range(K) for b in (
@@ -136,6 +140,18 @@ def _two_samples(X_p: Any, X_q: Any, random_state: int) -> tuple[Dataset, int, i
             da.zeros(Xq.chunks[0][i], dtype=np.float32))])
         data = open_dataset(X.rechunk({0: sizes}), y.rechunk({0: sizes}))
     return data, p.n_rows, q.n_rows
+
+
+def _finite(data: Dataset, name: str) -> Any:
+    if data.host is not None:
+        check_finite_chunk(data.host[0], name, 0)
+        return data.X
+    return data.X.map_blocks(_finite_block, name, dtype=data.X.dtype, meta=data.X._meta)
+
+
+def _finite_block(block: Any, name: str, block_info: dict | None = None) -> Any:
+    check_finite_chunk(block, name, block_info[0]["array-location"][0][0] if block_info else None)
+    return block
 
 
 def _even(n: int, k: int) -> tuple[int, ...]:

@@ -54,14 +54,14 @@ class FitContext:
     """
 
     def __init__(self, est: Any, X: Any, y: Any = None, *, target: str,
-                 dtype: list | None = None) -> None:
+                 dtype: list | None = None, name: str = "X") -> None:
         est._check_params()
         # a refit starts unfitted: attributes of the last fit's route (EigenPro's
         # centers_ after a refit on features) no longer describe the model
         params = est.get_params(deep=False)
-        for name in [a for a in vars(est) if a.endswith("_") and not a.startswith("_")
+        for attr in [a for a in vars(est) if a.endswith("_") and not a.startswith("_")
                      and a not in params]:
-            delattr(est, name)
+            delattr(est, attr)
         X, y, self.labels = validate_fit_input(est, X, y, target=target, dtype=dtype)
         self.X = X  # as validated (a second sample is checked against it: DSGDensityRatio)
         if "random_state" in est.get_params(deep=False):
@@ -69,7 +69,7 @@ class FitContext:
         self.est = est
         self.seed: int = getattr(est, "random_state_", 0)
         if target == "none":
-            self.data = open_dataset(X)
+            self.data = open_dataset(X, name=name)
             self.data.y = None
         else:
             self.data = open_dataset(X, y, require_y=True)

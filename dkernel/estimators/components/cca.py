@@ -91,6 +91,13 @@ class KernelCCA(_TwoViewBase):
         else:
             Xs, Ys = client.compute([data.X[idx], data.y[idx]], sync=True)
         Xs, Ys = np.asarray(Xs, dtype=features[0].dtype), np.asarray(Ys, dtype=features[1].dtype)
+        for name, S in (("X", Xs), ("y", Ys)):  # (a lazy view's NaN met scipy's Cholesky first)
+            bad = ~np.isfinite(S.reshape(len(S), -1)).all(axis=1)
+            if bad.any():
+                raise ValueError(
+                    f"{name} contains NaN or infinity in {int(bad.sum())} sampled row(s) "
+                    f"(first bad row: {int(idx[bad][0])}); drop or impute those rows before "
+                    "fitting")
         init = self._initial(Xs, Ys, features, n_blocks) if self.init == "subsample" else None
         pre = None
         if self.preconditioner is not None:

@@ -125,7 +125,10 @@ class _EigenProBase(BaseEstimator):
             # (a sample for a numeric bandwidth too where features are used: the
             # warning about a bandwidth too narrow for them compares with it)
             narrow_check = self.bandwidth == "auto" or isinstance(route, FeatureRoute)
-            size = route.subsample() if shared else 1000 if narrow_check else 0
+            # and for wider input than the float32 the fit computes in: rows 1e8 from
+            # the origin came out chance-level without a word (warn_if_float32_loses)
+            wide = np.dtype(fit.data.X.dtype).itemsize > 4
+            size = route.subsample() if shared else 1000 if narrow_check or wide else 0
             rows, encoding = fit.sample_while(lambda: self._encoding(fit.data, fit.client), size)
             t_read = time.perf_counter() - t_read if shared else 0.0
             bandwidth = fit.bandwidth(None if rows is None else
