@@ -186,3 +186,31 @@ def test_sigterm_removes_the_half_written_store_and_says_terminated(tmp_path):
     assert proc.returncode == 143, stderr
     assert stderr.endswith("dkernel: terminated\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.csv"]
+
+
+def test_a_reader_gone_or_a_closed_stderr_does_not_stop_the_fit(store, tmp_path):
+    # progress is advice: `2>&1 | head -1` and `2>&-` ended the fit (rc 1) before
+    # its model was written; `--json | true` wrote it, then printed an error, rc 1
+    dk = f"{sys.executable} -m dkernel fit {store} {' '.join(FIT)}"
+    script = (f"{dk} --out a.npz 2>&1 | head -1 > /dev/null; echo ${{PIPESTATUS[0]}}\n"
+              f"{dk} --out b.npz 2>&-; echo $?\n"
+              f"{dk} --out c.npz --json --quiet | true; echo ${{PIPESTATUS[0]}}\n")
+    run = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert run.stdout.split() == ["0", "0", "141"], run.stdout + run.stderr
+    assert all(load_model(tmp_path / f"{m}.npz").coef_.shape[0] == 64 for m in "abc")
+    assert "Broken pipe" not in run.stderr and "error" not in run.stderr
+
+
+def test_a_sigint_ignored_on_entry_stays_ignored(store, tmp_path):
+    # a shell's background job ignores SIGINT; dkernel installed its own handler
+    # and stopped (rc 130) where plain python would have gone on
+    code = ("import os, signal, sys, threading\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "from dkernel.cli import main\n"
+            f"sys.exit(main({['fit', store, *FIT, '--out', str(tmp_path / 'm.npz')]!r}))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert load_model(tmp_path / "m.npz").coef_.shape[0] == 64

@@ -13,6 +13,8 @@ import sys
 import threading
 import warnings
 
+from dkernel.engine.progress import AdviceStream, to_devnull
+
 # One module per command family; each exposes register(subparsers).
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
 
@@ -95,7 +97,11 @@ def entry() -> None:
     under the one-line error."""
     if "--debug" not in sys.argv[1:]:
         sys.unraisablehook = lambda unraisable: None
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):  # zarr's writes cut short are collected at exit, each a warning
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+    sys.exit(code)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,9 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
-    previous = ({sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
-                if in_main else {})
-    formatwarning = warnings.formatwarning
+    # (a signal ignored on entry stays ignored: a shell's background job ignores SIGINT)
+    previous = ({sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)
+                 if signal.getsignal(sig) is not signal.SIG_IGN} if in_main else {})
+    formatwarning, asyncio_level = warnings.formatwarning, logging.getLogger("asyncio").level
+    # progress and warnings are advice: a reader gone (`2>&1 | head -1`) or a
+    # closed stderr stopped the fit before its model was written
+    stderr, sys.stderr = sys.stderr, AdviceStream(sys.stderr)
     # the engine's logged warnings (no workers yet, a worker's other numpy) in
     # the same one-line form as warnings.warn's, not Python's bare last resort
     log_handler = logging.StreamHandler(sys.stderr)
@@ -128,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(result or 0)
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, _Terminated)
-        # zarr's writes cut short are collected at exit, each a warning under the line
-        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
         print(f"dkernel: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
+    except BrokenPipeError:  # stdout's reader went away (`| head`): as a Unix tool dies of it
+        to_devnull(sys.stdout)
+        return 141
     except Exception as exc:  # one clear line for people; --debug for developers
         if args.debug:
             raise
@@ -143,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dkernel: error: {msg}", file=sys.stderr)
         return 1
     finally:
+        sys.stderr = stderr
         logging.getLogger("dkernel").removeHandler(log_handler)
+        logging.getLogger("asyncio").setLevel(asyncio_level)  # (_interrupted raised it)
         warnings.formatwarning = formatwarning
         for log in quieted:
             log.removeFilter(_only_critical)

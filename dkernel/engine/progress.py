@@ -33,8 +33,58 @@ _phases: list[tuple[str, float, TextIO]] = []
 _out: dict[str, Any] = {"last": 0.0, "width": 0, "beating": False}
 
 
+class AdviceStream:
+    """A stream for advice (progress, warnings): once a write fails -- its reader
+    gone (``2>&1 | head -1``), or no stream at all (``2>&-``) -- it drops every
+    later one, and the work goes on.  A fit died of the first failed progress
+    line, before its model was written."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream, self.dead = stream, stream is None
+
+    def write(self, text: str) -> int:
+        if not self.dead:
+            try:
+                return self.stream.write(text)  # type: ignore[union-attr]
+            except (OSError, ValueError):  # (ValueError: a closed file)
+                self.dead = True
+                to_devnull(self.stream)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.dead:
+            try:
+                self.stream.flush()  # type: ignore[union-attr]
+            except (OSError, ValueError):
+                self.dead = True
+                to_devnull(self.stream)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.dead and bool(self.stream.isatty())  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:  # (fileno, encoding, ...)
+        return getattr(self.stream, name)
+
+
+def to_devnull(stream: Any) -> None:
+    """Point a dead stream's descriptor at /dev/null: the interpreter's flush at
+    exit would meet the broken pipe again (and exit 120)."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def _write(stream: TextIO, line: str, tty: bool) -> None:
     """Every progress line goes out here (a terminal's rewritten in place)."""
+    stream = AdviceStream(stream) if not isinstance(stream, AdviceStream) else stream
     with _lock:
         if tty:  # pad over the rest of a longer previous line
             stream.write("\r" + line.ljust(_out["width"]))
@@ -46,6 +96,7 @@ def _write(stream: TextIO, line: str, tty: bool) -> None:
 
 
 def _end_line(stream: TextIO) -> None:
+    stream = AdviceStream(stream) if not isinstance(stream, AdviceStream) else stream
     with _lock:
         stream.write("\n")
         stream.flush()
