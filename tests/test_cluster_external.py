@@ -336,10 +336,15 @@ def test_workers_of_the_recipe_and_of_dkernels_local_cluster_get_its_malloc_sett
     # any earlier LocalCluster leaves Dask's value in this process's environment,
     # where it would win over the configuration
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = dict(os.environ)
     with local_cluster(1, silence_logs=logging.ERROR) as cluster, \
             Client(cluster, set_as_default=False) as c:
         assert _worker_malloc(c) == [want]
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"  # put back
+    # and nothing else the nannies wrote (OMP_NUM_THREADS=1 ran every later
+    # subprocess of the caller on one BLAS thread)
+    assert dict(os.environ) == before
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,

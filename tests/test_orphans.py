@@ -64,3 +64,42 @@ def test_sigkill_of_the_coordinator_leaves_no_worker(store, tmp_path, method):
     finally:
         if coordinator.poll() is None:
             os.killpg(coordinator.pid, signal.SIGKILL)
+
+
+_INTERRUPTED_START = """
+import os, signal, sys, threading, time
+import psutil
+from dkernel.engine.cluster import local_cluster
+
+if __name__ == "__main__":
+    threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        local_cluster(2).close()
+        print("started")
+    except KeyboardInterrupt:
+        print("interrupted")
+    deadline = time.monotonic() + 15  # (GONE_WITHIN)
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()
+                 and p.status() != psutil.STATUS_ZOMBIE
+                 and "resource_tracker" not in " ".join(p.cmdline())]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    print(len(alive))
+"""
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8])
+def test_ctrl_c_while_the_cluster_starts_leaves_no_worker(tmp_path, delay):
+    # a Ctrl-C in the start's first second (a notebook's interrupt as a fit
+    # begins) left both workers running for the rest of the session: the close
+    # came while they were starting, and distributed's close then fails
+    script = tmp_path / "start.py"
+    script.write_text(_INTERRUPTED_START)
+    run = subprocess.run([sys.executable, str(script), str(delay)], capture_output=True,
+                         text=True, timeout=120)
+    lines = run.stdout.split()
+    assert lines[-1] == "0", run.stdout + run.stderr[-2000:]
+    if lines[0] != "interrupted":
+        pytest.skip(f"the cluster started within {delay} s: nothing to interrupt")

@@ -3,10 +3,12 @@ current client, or (the embedded default) a new LocalCluster."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +16,7 @@ from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
+from distributed.deploy.spec import SpecCluster
 
 # What a client needs to reach a tls:// scheduler, as CLI flags and as the
 # Dask configuration keys (environment variables) distributed.Security reads.
@@ -307,9 +310,13 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         else:
             cluster = local_cluster(n_workers=n_workers or _cores(),
                                     silence_logs=logging.CRITICAL)
-        # not the process's default: another thread's fit would take it as its
-        # own (get_client above) and lose it when this fit closes it
-        c = Client(cluster, set_as_default=False)
+        try:
+            # not the process's default: another thread's fit would take it as its
+            # own (get_client above) and lose it when this fit closes it
+            c = Client(cluster, set_as_default=False)
+        except BaseException:  # (Ctrl-C as the client connects: the cluster is ours)
+            cluster.close()
+            raise
     try:
         # spawn also for the workers a nanny restarts while the cluster lives
         with dask.config.set({_START_METHOD: "spawn"}), c.as_current():
@@ -387,21 +394,46 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
     # A nanny takes these once, when it is created (restarts reuse them), and a
     # value in this process's environment wins over the configuration -- and
-    # every nanny writes its values into this process's environment, so after
-    # any LocalCluster MALLOC_TRIM_THRESHOLD_ is Dask's 65536 here: ours are put
-    # in the environment while the nannies are created, and the old ones back.
-    saved = {k: os.environ.get(k) for k in WORKER_MALLOC}
+    # every nanny writes its values into this process's environment before it
+    # spawns a worker (OMP_NUM_THREADS=1, PYTHONHASHSEED, ...: every later
+    # subprocess of the caller ran single-threaded BLAS): ours are put in the
+    # environment while the nannies are created, and the whole environment of
+    # before is put back (a restarted worker's nanny writes its values again).
+    saved = dict(os.environ)
     os.environ.update({k: str(v) for k, v in WORKER_MALLOC.items()})
+    before = set(SpecCluster._instances)
     try:
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
                               _START_METHOD: "spawn"}):
             return LocalCluster(n_workers=n_workers or _cores(), **options)
+    except BaseException:
+        # Ctrl-C in the start's first second left its workers running for the
+        # rest of the session (LocalCluster cleans up after errors only): close
+        # the clusters this call made, which the caller never got
+        for cluster in set(SpecCluster._instances) - before:
+            _close_started(cluster)
+        raise
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for k in [k for k in os.environ if k not in saved]:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
+
+
+def _close_started(cluster: SpecCluster, wait: float = 30.0) -> None:
+    """Close a cluster whose start was interrupted.  Its start goes on in its
+    event loop, and a close while a worker is still starting fails
+    ("AssertionError: Status.init", distributed's ``SpecCluster._close``) and
+    leaves the workers running: wait (seconds) for its workers to settle."""
+    from distributed.core import Status
+
+    settled = {Status.running, Status.failed, Status.closing, Status.closed}
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and (
+            cluster.status not in settled
+            or any(w.status not in settled for w in getattr(cluster, "_created", ()))):
+        time.sleep(0.1)
+    with contextlib.suppress(Exception):
+        cluster.close(timeout=10)
 
 
 def workers_info(client: Client) -> dict[str, dict]:
