@@ -281,18 +281,32 @@ def _fold_pieces(state, prepared, payload):
             "largest": max(state["largest"], prepared["v"].size)}
 
 
-def test_scan_cuts_large_chunks_into_pieces_and_folds_them_in_order(client, tmp_path):
+def test_scan_cuts_large_chunks_into_pieces_and_folds_them_in_order(client, tmp_path,
+                                                                   monkeypatch):
     # a prepared chunk can be many times the chunk (Oja's: 12 kB a row): max_rows
     # bounds a task's rows, and the fold sees the same rows in the same order
+    from dkernel.data.store import write_store
+    from dkernel.engine.checkpoint import Checkpointer
+
     X = np.arange(600, dtype=np.float32).reshape(-1, 1)
-    data = open_dataset(da.from_array(X, chunks=(100, 1)))
+    data = open_dataset(str(write_store(tmp_path / "rows.zarr", X, chunk_rows=100)))
     state = {"h": 0.0, "n": 0, "largest": 0}
     kw = dict(n_epochs=2, pass_start=True)
     whole = Engine(client).scan(data, _prepare_rows_seen, _fold_pieces, state, **kw)
     ckpt = tmp_path / "scan.ckpt.npz"
-    cut = Engine(client, EngineOptions(checkpoint=str(ckpt), checkpoint_every=3)).scan(
-        data, _prepare_rows_seen, _fold_pieces, state, max_rows=32, **kw)
+    saved = []
+    save = Checkpointer.save
+    monkeypatch.setattr(Checkpointer, "save", lambda self, st, step: (saved.append(step),
+                                                                      save(self, st, step)))
+    with get_task_stream(client) as ts:
+        cut = Engine(client, EngineOptions(checkpoint=str(ckpt), checkpoint_every=3)).scan(
+            data, _prepare_rows_seen, _fold_pieces, state, max_rows=32, **kw)
     assert whole["largest"] == 100 and cut["largest"] == 32
+    # a chunk is read once for its pieces (each piece read it: 4 reads a chunk)
+    assert sum(str(t["key"]).startswith(f"read-{data.X.name}-") for t in ts.data) == 12
+    # checkpoint_every counts chunks, as before pieces: 12 chunks, every 3rd (not
+    # every 3rd of the 48 pieces, each a wait for the state)
+    assert saved == [12, 24, 36, 48]
     assert cut["n"] == whole["n"] == 1200 and cut["h"] == whole["h"]
     # a checkpoint counts pieces: a scan that would count chunks refuses it
     with pytest.raises(ValueError, match="differs in: piece_rows"):

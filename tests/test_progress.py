@@ -130,3 +130,37 @@ def test_a_heartbeat_ends_its_line_on_a_terminal_and_outlives_a_stream_that_fail
         with phase("fit", True, stream=tty):
             time.sleep(0.8)
     assert "fit: running" in tty.getvalue() and tty.getvalue().endswith("\n")
+
+
+def test_advice_stream_gives_up_on_a_gone_reader_only():
+    # a full non-blocking stderr (EAGAIN) was taken for a dead one, and the
+    # command's last error line was lost with it
+    import errno as errno_
+
+    from dkernel.engine.progress import AdviceStream
+
+    class Failing:
+        def __init__(self, err):
+            self.err, self.lines = err, []
+
+        def write(self, text):
+            if self.err is not None:
+                err, self.err = self.err, None
+                raise err
+            self.lines.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    full = Failing(BlockingIOError(errno_.EAGAIN, "full"))
+    stream = AdviceStream(full)
+    stream.write("dropped\n")
+    stream.write("kept\n")
+    assert not stream.dead and full.lines == ["kept\n"]
+    gone = Failing(BrokenPipeError(errno_.EPIPE, "Broken pipe"))
+    stream = AdviceStream(gone)
+    stream.write("a\n")
+    stream.write("b\n")
+    assert stream.dead and gone.lines == []
+    assert AdviceStream(None).write("x") == 1  # (stderr closed: sys.stderr is None)

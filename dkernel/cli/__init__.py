@@ -61,6 +61,18 @@ def _interrupted(signum: int, frame: object) -> None:
     raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
+def _reader_gone(stream: object) -> bool:
+    """Whether ``stream`` is a pipe whose reader has gone (poll: POLLERR)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)  # type: ignore[attr-defined]
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
                       lineno: int, line: str | None = None) -> str:
     text = str(message).strip().splitlines()[0] if str(message).strip() else ""
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     formatwarning, asyncio_level = warnings.formatwarning, logging.getLogger("asyncio").level
     # progress and warnings are advice: a reader gone (`2>&1 | head -1`) or a
     # closed stderr stopped the fit before its model was written
-    stderr, sys.stderr = sys.stderr, AdviceStream(sys.stderr)
+    stderr, sys.stderr = sys.stderr, AdviceStream(sys.stderr, null=True)
     # the engine's logged warnings (no workers yet, a worker's other numpy) in
     # the same one-line form as warnings.warn's, not Python's bare last resort
     log_handler = logging.StreamHandler(sys.stderr)
@@ -135,15 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             log.addFilter(_only_critical)
     try:
         result = args.func(args)
+        if sys.stdout is not None:  # (a reader gone shows here, not at exit: rc 120)
+            sys.stdout.flush()
         return int(result or 0)
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, _Terminated)
         print(f"dkernel: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
-    except BrokenPipeError:  # stdout's reader went away (`| head`): as a Unix tool dies of it
-        to_devnull(sys.stdout)
-        return 141
     except Exception as exc:  # one clear line for people; --debug for developers
+        if isinstance(exc, BrokenPipeError) and _reader_gone(sys.stdout):
+            to_devnull(sys.stdout)  # (| head: as a Unix tool dies of it, without a word)
+            return 141
         if args.debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

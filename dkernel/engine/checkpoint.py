@@ -173,7 +173,8 @@ class Checkpointer:
                       if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED)
                       # (written before it was recorded)
                       and not (k in (DATA, "step_size") and k not in old))
-        if "plan_version" in diff:
+        # (piece_rows: a scan that now cuts its chunks, written before it did)
+        if "plan_version" in diff or ("piece_rows" in diff and "piece_rows" not in old):
             raise ValueError(
                 f"checkpoint {self.path!r} was written by an older dkernel, whose steps take "
                 "other rows; it cannot be resumed: delete it to start over")

@@ -16,6 +16,7 @@ before its first line, a CSV ingest for 20 s.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import threading
@@ -34,30 +35,38 @@ _out: dict[str, Any] = {"last": 0.0, "width": 0, "beating": False}
 
 
 class AdviceStream:
-    """A stream for advice (progress, warnings): once a write fails -- its reader
-    gone (``2>&1 | head -1``), or no stream at all (``2>&-``) -- it drops every
-    later one, and the work goes on.  A fit died of the first failed progress
-    line, before its model was written."""
+    """A stream for advice (progress, warnings): once it is gone -- its reader
+    gone (``2>&1 | head -1``), its descriptor closed (``2>&-``) -- every later
+    write is dropped, and the work goes on.  A fit died of the first failed
+    progress line, before its model was written.  A write that fails otherwise
+    (a full non-blocking pipe) drops that line only.  ``null``: point a gone
+    stream's descriptor at /dev/null (a process's own stderr: the flush at exit
+    would meet the broken pipe again)."""
 
-    def __init__(self, stream: TextIO | None) -> None:
-        self.stream, self.dead = stream, stream is None
+    def __init__(self, stream: TextIO | None, null: bool = False) -> None:
+        self.stream, self.dead, self.null = stream, stream is None, null
+
+    def _failed(self, err: Exception) -> None:
+        if isinstance(err, ValueError) or getattr(err, "errno", None) in (errno.EPIPE,
+                                                                          errno.EBADF):
+            self.dead = True
+            if self.null:
+                to_devnull(self.stream)
 
     def write(self, text: str) -> int:
         if not self.dead:
             try:
                 return self.stream.write(text)  # type: ignore[union-attr]
-            except (OSError, ValueError):  # (ValueError: a closed file)
-                self.dead = True
-                to_devnull(self.stream)
+            except (OSError, ValueError) as err:  # (ValueError: a closed file)
+                self._failed(err)
         return len(text)
 
     def flush(self) -> None:
         if not self.dead:
             try:
                 self.stream.flush()  # type: ignore[union-attr]
-            except (OSError, ValueError):
-                self.dead = True
-                to_devnull(self.stream)
+            except (OSError, ValueError) as err:
+                self._failed(err)
 
     def isatty(self) -> bool:
         try:

@@ -33,7 +33,10 @@ PIECE_BYTES = 64 << 20
 
 def piece_rows(bytes_per_row: float, block: int) -> int:
     """Rows of a piece whose prepared result is about :data:`PIECE_BYTES`, a
-    multiple of the fold's ``block`` (so its blocks stay where they were in the chunk)."""
+    multiple of the fold's ``block``, so its blocks stay where they were in the
+    chunk (the same model: bit for bit for SphereRegressor and uncentred Oja;
+    centred Oja splits its running mean between prepare and fold otherwise,
+    2.5e-8 apart)."""
     return max(block, int(PIECE_BYTES // max(1.0, bytes_per_row)) // block * block)
 
 
@@ -57,7 +60,8 @@ def scan(engine: Any, data: Dataset, prepare: Callable, fold: Callable, state: A
     copies of whatever arrived misaligned (``_run_fold``), so the result does
     not depend on where each fold ran.  With ``shuffle`` the chunk order is
     permuted per epoch.  The state is checkpointed every ``checkpoint_every``
-    pieces and a resumed scan skips the pieces already folded.  With
+    chunks (at the chunk's last piece) and a resumed scan skips the pieces
+    already folded.  With
     ``pass_start`` prepare is called as ``prepare(payload, X, y, start=r)``, r
     the number of rows the scan folds before this piece (over all epochs), for
     per-row schedules such as step sizes eta_n or truncation levels L_n.
@@ -89,6 +93,8 @@ def scan(engine: Any, data: Dataset, prepare: Callable, fold: Callable, state: A
     full_order = [(int(c), lo, hi) for e in range(n_epochs) for c in plan.chunk_order(e)
                   for lo, hi in pieces(plan.row_chunks[c], max_rows if cut else None)]
     rows_before = np.concatenate([[0], np.cumsum([hi - lo for _, lo, hi in full_order])])
+    chunks_before = np.concatenate([[0], np.cumsum([hi == plan.row_chunks[c]
+                                                    for c, _, hi in full_order])])
     order = full_order[start:]
     source = _ChunkSource(engine.client, data, opts.dtype, engine._scattered)
     payload = ship(engine.client, payload)
@@ -97,8 +103,11 @@ def scan(engine: Any, data: Dataset, prepare: Callable, fold: Callable, state: A
     current: Any = state
     pending: list[Future] = []
     engine.peak_live = 0
+    held = None  # (the chunk's read, kept while its pieces are submitted: one read a chunk)
     for k, (c, lo, hi) in enumerate(order):
-        chunk = source.get((c,))[c]
+        if held is None or held[0] != c:
+            held = (c, source.get((c,))[c])
+        chunk = held[1]
         fn = partial(prepare, start=int(rows_before[start + k])) if pass_start else prepare
         prepared = engine.client.submit(_run_partial, fn, payload, chunk,
                                         slice(lo, hi) if cut else None, pure=False)
@@ -108,7 +117,8 @@ def scan(engine: Any, data: Dataset, prepare: Callable, fold: Callable, state: A
         if len(pending) >= window:  # bound the pieces alive at once
             wait_running(engine.client, [pending.pop(0)], label)
         done = start + k + 1
-        if ckpt.due(done):
+        # every checkpoint_every chunks, as before pieces (at a chunk's last piece)
+        if hi == plan.row_chunks[c] and ckpt.due(chunks_before[start + k] + 1):
             value = result(engine.client, current, label)
             ckpt.save(value if isinstance(value, dict) else {"state": value}, done)
         progress.update(1)
