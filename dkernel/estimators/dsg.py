@@ -22,6 +22,7 @@ from dkernel.estimators.history import (
     set_history,
     validation_score,
 )
+from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.sampling import bandwidth_rows, sample_rows
 from dkernel.estimators.spec import documented
 from dkernel.estimators.supervised import ClassifierOutputs, RegressorOutputs
@@ -166,6 +167,8 @@ class _DSGBase(BaseEstimator):
                 self.classes_ = fit.labels
             if self._task == "classification":
                 warn_many_classes(self.classes_, full.n_rows)
+            warn_if_ordered(full, fit.client, "y", "each step draws its rows from a few "
+                            "chunks, so steps see parts of the distribution in turn")
             features, n_blocks = fit.feature_map(bandwidth)
             fit.hold_out()
             self.lanes_ = fit.engine.pin_lanes(fit.data)

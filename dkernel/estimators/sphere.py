@@ -21,6 +21,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import clean_entry, history_meta, set_history
+from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.scoring import regression_score
 from dkernel.estimators.spec import documented
 from dkernel.kernels.zonal import ZonalFeatures
@@ -122,6 +123,8 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                                n_rows=data.n_rows)
         check_step(float(self.eta0), d, float(self.s), payload["max_level"])
         with fit:
+            warn_if_ordered(data, fit.client, "y", "SphereRegressor reads the rows in order, "
+                            "once a pass, and its online steps assume them in random order")
             t0 = time.time()  # the folds stamp each pass's end with the same (wall) clock
             state = fit.engine.scan(
                 data, sphere_prepare, sphere_fold, init_state(payload), payload,

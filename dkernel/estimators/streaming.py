@@ -17,6 +17,7 @@ from dkernel.estimators.base import (
 from dkernel.estimators.components.base import check_rows
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.spec import documented, params_of
 from dkernel.features import FeatureMap
 from dkernel.linalg import column_signs
@@ -96,6 +97,8 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 # second eigenvalue 40x too small); every row is in the sample
                 self._fit_exact(features, n_blocks, sample, center, time.perf_counter() - t0)
                 return self
+            warn_if_ordered(data, fit.client, "X", "StreamingKernelPCA reads the rows in "
+                            "order and Oja's rule follows them")
             self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
                                        else auto_passes)
             if self.step_size == "auto":
