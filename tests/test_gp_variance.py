@@ -103,3 +103,24 @@ def test_fewer_rows_than_features_give_the_same_posterior_as_the_covariance():
         err_a = np.abs(a @ a.T - exact @ exact.T).max()
         err_b = np.abs(b @ b.T - exact @ exact.T).max()
         assert err_b <= max(err_a, 1e-6) and err_b < 5e-5, (err_a, err_b)
+
+
+@pytest.mark.parametrize("n_features", [4096, 1024], ids=["fewer-rows", "covariance"])
+def test_the_std_at_a_small_alpha_is_the_exact_posteriors_not_zero(client, n_features):
+    # var = z^T z - |F^T z|^2 cancelled near the training rows: alpha 1e-8 gave
+    # std 0 (exact 3.9e-4), and the order-n path's float32 Gram made its
+    # directions far from orthogonal (1.7x the exact std at alpha 1e-6)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(2000)
+    for alpha in (1e-6, 1e-8):
+        model = DSGRegressor(alpha=alpha, bandwidth=1.0, n_features=n_features, n_epochs=1,
+                             posterior_variance=True, random_state=0, client=client).fit(X, y)
+        std = model.predict(X[:5], return_std=True)[1]
+        nb = model.coef_.shape[0] // model.features_.block_size
+        Phi = np.asarray(model.features_.transform(X, nb), np.float64)
+        z = np.asarray(model.features_.transform(X[:5], nb), np.float64)
+        A = np.eye(Phi.shape[1]) + Phi.T @ Phi / (2000 * alpha)
+        exact = np.sqrt(np.einsum("ij,ij->i", z, np.linalg.solve(A, z.T).T))
+        # measured: equal to 6 digits on both paths at both alphas
+        np.testing.assert_allclose(std, exact, rtol=1e-3)
