@@ -11,6 +11,9 @@ are written to a temporary name in the same folder and renamed into place (on
 object stores: a temporary key, verified, then copied onto the final key), so a
 reader never sees a half-written file and a failed fit leaves nothing behind.
 Paths may be fsspec URLs (``s3://bucket/m.npz``).
+
+Also the stream for advice (:class:`AdviceStream`: progress and warnings on
+stderr), which the command line wraps before it imports anything heavy.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import os
 import tempfile
 import uuid
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -284,3 +287,60 @@ def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarr
         raise NewerFormatError(f"{path!r} was written by a newer dkernel (format "
                                f"{meta['format_version']}); upgrade dkernel")
     return loaded, meta
+
+
+class AdviceStream:
+    """A stream for advice (progress, warnings): once it is gone -- its reader
+    gone (``2>&1 | head -1``), its descriptor closed (``2>&-``) -- every later
+    write is dropped, and the work goes on.  A fit died of the first failed
+    progress line, before its model was written.  A write that fails otherwise
+    (a full non-blocking pipe) drops that line only.  ``null``: point a gone
+    stream's descriptor at /dev/null (a process's own stderr: the flush at exit
+    would meet the broken pipe again)."""
+
+    def __init__(self, stream: TextIO | None, null: bool = False) -> None:
+        self.stream, self.dead, self.null = stream, stream is None, null
+
+    def _failed(self, err: Exception) -> None:
+        if isinstance(err, ValueError) or getattr(err, "errno", None) in (errno.EPIPE,
+                                                                          errno.EBADF):
+            self.dead = True
+            if self.null:
+                to_devnull(self.stream)
+
+    def write(self, text: str) -> int:
+        if not self.dead:
+            try:
+                return self.stream.write(text)  # type: ignore[union-attr]
+            except (OSError, ValueError) as err:  # (ValueError: a closed file)
+                self._failed(err)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.dead:
+            try:
+                self.stream.flush()  # type: ignore[union-attr]
+            except (OSError, ValueError) as err:
+                self._failed(err)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.dead and bool(self.stream.isatty())  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:  # (fileno, encoding, ...)
+        return getattr(self.stream, name)
+
+
+def to_devnull(stream: Any) -> None:
+    """Point a dead stream's descriptor at /dev/null: the interpreter's flush at
+    exit would meet the broken pipe again (and exit 120)."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass

@@ -233,7 +233,7 @@ def wide_gram_eigensystem(T: np.ndarray, k: int, center: bool, dtype: str) -> Ei
         T = T - T.mean(axis=0, dtype=np.float64).astype(T.dtype)
     norm = float((T * T).sum(axis=1).max())
     w, W = top_eigh(T @ T.T / n, min(k, n), dtype)
-    V = T.T.astype(np.float64) @ W
+    V = T.T.astype(np.float64, copy=False) @ W
     V /= np.maximum(np.linalg.norm(V, axis=0), np.finfo(np.float64).tiny)
     return Eigensystem(np.maximum(w, 0.0), V, "dense", norm)
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,7 +240,6 @@ def test_recipe_rejects_bad_options_before_starting_anything(tmp_path):
 
 def test_recipe_stops_at_once_when_its_workers_exit_at_start_and_start_takes_help(tmp_path):
     # a --memory-limit 'dask worker' refuses waited the whole --timeout (60 s)
-    import time
 
     proc = _recipe("start", "--help")
     assert proc.returncode == 0 and "usage: local-cluster.sh" in proc.stdout, proc.stderr
@@ -344,7 +344,46 @@ def test_workers_of_the_recipe_and_of_dkernels_local_cluster_get_its_malloc_sett
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"  # put back
     # and nothing else the nannies wrote (OMP_NUM_THREADS=1 ran every later
     # subprocess of the caller on one BLAS thread)
-    assert dict(os.environ) == before
+    assert {k: v for k, v in os.environ.items() if k != "__DASK_PARENT_PID"} == \
+        {k: v for k, v in before.items() if k != "__DASK_PARENT_PID"}
+
+
+_RESTART = """
+import os, signal, time
+from dkernel.engine.cluster import connect
+
+if __name__ == "__main__":
+    for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"):
+        os.environ.pop(key, None)
+    with connect(None, n_workers=1) as c:
+        print("after start", os.environ.get("OMP_NUM_THREADS"))
+        pid = next(iter(c.run(os.getpid).values()))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if pid not in c.run(os.getpid).values():
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        print("after restart", os.environ.get("OMP_NUM_THREADS"))
+        os.environ["OPENBLAS_NUM_THREADS"] = "3"  # someone else's setting
+    print("after close", os.environ.get("OMP_NUM_THREADS"), os.environ.get("PYTHONHASHSEED"),
+          os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+def test_the_default_cluster_takes_back_what_a_restarted_workers_nanny_wrote(tmp_path):
+    # a worker restarted (a memory-limit kill) has its nanny write OMP_NUM_THREADS=1
+    # and the rest into this process again, after the start's own clean-up; a
+    # value another thread set meanwhile is not the nanny's and stays
+    script = tmp_path / "restart.py"
+    script.write_text(_RESTART)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.stdout.splitlines() == ["after start None", "after restart 1",
+                                       "after close None None 3"], run.stdout + run.stderr[-2000:]
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
@@ -393,7 +432,6 @@ def test_a_cluster_without_workers_is_waited_for_then_refused_in_one_line(monkey
 def test_a_worker_timeout_of_zero_refuses_at_once_and_a_bad_one_is_named(monkeypatch):
     # distributed reads wait_for_workers(timeout=0) as no deadline: "0" waited for
     # ever; "junk" and "-3" failed inside float() / distributed's parse_timedelta
-    import time
 
     from dkernel.engine.cluster import require_workers
 
@@ -418,7 +456,6 @@ def test_a_port_that_is_not_a_scheduler_is_named_within_the_timeout(external):
     """A port that accepts and never answers held Client() for ever (its timeout
     does not cover the handshake), and bad addresses gave int() errors."""
     import socket
-    import time
 
     from dkernel.engine.cluster import _check_address, _probe_scheduler
 

@@ -124,3 +124,28 @@ def test_the_std_at_a_small_alpha_is_the_exact_posteriors_not_zero(client, n_fea
         exact = np.sqrt(np.einsum("ij,ij->i", z, np.linalg.solve(A, z.T).T))
         # measured: equal to 6 digits on both paths at both alphas
         np.testing.assert_allclose(std, exact, rtol=1e-3)
+
+
+def test_a_factor_with_columns_not_orthogonal_gives_the_same_std(client, tmp_path):
+    # model files of the float32 order-n path hold factors whose columns are
+    # far from orthogonal (max |U^T U - I| 0.96); the sum of parts read them
+    # as std 35 where the prior is 1.  Loading makes them orthogonal, F F^T kept
+    from dkernel.solvers import gp
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((300, 2))
+    y = np.sin(X[:, 0])
+    model = DSGRegressor(alpha=1e-4, bandwidth=1.0, n_features=512, n_epochs=1,
+                         posterior_variance=True, random_state=0, client=client).fit(X, y)
+    Xq = np.concatenate([X[:5], rng.standard_normal((5, 2)) * 3])
+    want = model.predict(Xq, return_std=True)[1]
+    F = model.gp_factor_
+    M = np.linalg.qr(rng.standard_normal((F.shape[1], F.shape[1])))[0]
+    mixed = F @ M  # the same F F^T, columns no longer orthogonal
+    assert np.abs(mixed.T @ mixed - np.diag(np.diag(mixed.T @ mixed))).max() > 1e-3
+    fixed = gp.orthonormal(mixed)
+    np.testing.assert_allclose(fixed @ fixed.T, F @ F.T, atol=1e-10)
+    model.gp_factor_ = mixed
+    model.save(tmp_path / "m.npz")
+    np.testing.assert_allclose(load_model(tmp_path / "m.npz").predict(Xq, return_std=True)[1],
+                               want, rtol=1e-6, atol=1e-9)

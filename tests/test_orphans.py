@@ -103,3 +103,4 @@ def test_ctrl_c_while_the_cluster_starts_leaves_no_worker(tmp_path, delay):
     assert lines[-1] == "0", run.stdout + run.stderr[-2000:]
     if lines[0] != "interrupted":
         pytest.skip(f"the cluster started within {delay} s: nothing to interrupt")
+

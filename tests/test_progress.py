@@ -137,7 +137,7 @@ def test_advice_stream_gives_up_on_a_gone_reader_only():
     # command's last error line was lost with it
     import errno as errno_
 
-    from dkernel.engine.progress import AdviceStream
+    from dkernel.files import AdviceStream
 
     class Failing:
         def __init__(self, err):

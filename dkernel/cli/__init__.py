@@ -13,7 +13,7 @@ import sys
 import threading
 import warnings
 
-from dkernel.engine.progress import AdviceStream, to_devnull
+from dkernel.files import AdviceStream, to_devnull
 
 # One module per command family; each exposes register(subparsers).
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")

@@ -297,6 +297,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     # Worker-side failures (bad input found on a worker) reach the caller as
     # exceptions; the workers' own log lines would only repeat them.  Its
     # workers run this interpreter's dkernel: nothing to check or upload.
+    saved = environ_before()
     with _STARTING:  # (two threads' clusters at once: "distributed.dashboard has no
         # attribute 'scheduler'", a GridSearchCV fold lost on the threading backend)
         if _in_worker_process():
@@ -325,7 +326,10 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         try:
             c.close()
         finally:  # (a signal during the client's close still stops the workers)
-            cluster.close()
+            try:
+                cluster.close()
+            finally:  # (a worker restarted meanwhile: its nanny wrote them again)
+                put_back_environ(saved)
 
 
 #: glibc settings for worker processes (set before the process starts: the
@@ -393,30 +397,61 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     options["preload"] = [*preload, WORKER_PRELOAD]
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
     # A nanny takes these once, when it is created (restarts reuse them), and a
-    # value in this process's environment wins over the configuration -- and
-    # every nanny writes its values into this process's environment before it
-    # spawns a worker (OMP_NUM_THREADS=1, PYTHONHASHSEED, ...: every later
-    # subprocess of the caller ran single-threaded BLAS): ours are put in the
-    # environment while the nannies are created, and the whole environment of
-    # before is put back (a restarted worker's nanny writes its values again).
-    saved = dict(os.environ)
+    # value in this process's environment wins over the configuration: ours are
+    # put in the environment while the nannies are created, and what the
+    # nannies wrote there taken back after (:func:`put_back_environ`)
+    saved = environ_before()
     os.environ.update({k: str(v) for k, v in WORKER_MALLOC.items()})
-    before = set(SpecCluster._instances)
+    made: list = []
     try:
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
                               _START_METHOD: "spawn"}):
-            return LocalCluster(n_workers=n_workers or _cores(), **options)
+            return _Cluster(n_workers=n_workers or _cores(), made=made, **options)
     except BaseException:
         # Ctrl-C in the start's first second left its workers running for the
         # rest of the session (LocalCluster cleans up after errors only): close
-        # the clusters this call made, which the caller never got
-        for cluster in set(SpecCluster._instances) - before:
+        # the cluster this call made, which the caller never got
+        for cluster in made:
             _close_started(cluster)
         raise
     finally:
-        for k in [k for k in os.environ if k not in saved]:
-            del os.environ[k]
-        os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
+        put_back_environ(saved)
+
+
+class _Cluster(LocalCluster):
+    """A LocalCluster that hands itself to ``made`` before it starts: an
+    interrupted start leaves its caller nothing else to close."""
+
+    def __init__(self, *args: Any, made: list, **kwargs: Any) -> None:
+        made.append(self)
+        super().__init__(*args, **kwargs)
+
+
+def _nanny_writes() -> dict[str, str]:
+    """What a nanny writes into this process's environment before it spawns a
+    worker: the configured ``pre-spawn-environ`` (OMP_NUM_THREADS=1, ...) with
+    :data:`WORKER_MALLOC`, and PYTHONHASHSEED where none is set."""
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
+    return {**{k: str(v) for k, v in environ.items() if v is not None},
+            "PYTHONHASHSEED": "6640"}
+
+
+def environ_before() -> dict[str, str | None]:
+    """The values :func:`put_back_environ` restores."""
+    return {k: os.environ.get(k) for k in _nanny_writes()}
+
+
+def put_back_environ(saved: dict[str, str | None]) -> None:
+    """Take back what nannies wrote into this process's environment (every
+    later subprocess of the caller ran single-threaded BLAS under their
+    OMP_NUM_THREADS=1): a key that holds a nanny's value and held another
+    before gets its value back; a value set meanwhile by anyone else stays."""
+    for k, value in _nanny_writes().items():
+        if os.environ.get(k) == value and saved.get(k) != value:
+            if saved.get(k) is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = saved[k]  # type: ignore[assignment]
 
 
 def _close_started(cluster: SpecCluster, wait: float = 30.0) -> None:
@@ -428,7 +463,7 @@ def _close_started(cluster: SpecCluster, wait: float = 30.0) -> None:
 
     settled = {Status.running, Status.failed, Status.closing, Status.closed}
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and (
+    while time.monotonic() < deadline and hasattr(cluster, "status") and (
             cluster.status not in settled
             or any(w.status not in settled for w in getattr(cluster, "_created", ()))):
         time.sleep(0.1)

@@ -438,8 +438,8 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         super()._set_model_state(arrays, meta)
-        if "gp_factor" in arrays:
-            self.gp_factor_ = arrays["gp_factor"]
+        if "gp_factor" in arrays:  # (files of the float32 order-n path: not orthogonal)
+            self.gp_factor_ = gp.orthonormal(arrays["gp_factor"])
 
 
 @documented
