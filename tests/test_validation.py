@@ -425,3 +425,28 @@ def test_nan_in_a_lazy_sample_is_named_with_its_own_row(client):
                            (Xn, X[:1000], "X_numerator")):
         with pytest.raises(ValueError, match=rf"^{name} contains NaN .*first bad row: 1999\)"):
             ratio.fit(num, den)
+
+
+def test_a_failed_refit_leaves_the_estimator_unfitted(client, tmp_path):
+    # a refit that failed half-way kept its n_features_in_ and classes_ without
+    # coef_: the estimator passed for fitted, and pickling dropped its client
+    import pickle
+
+    from sklearn.exceptions import NotFittedError
+
+    from dkernel import DSGClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    model = DSGClassifier(n_features=64, n_epochs=1, client=client).fit(X, y)
+    bad = X.copy()
+    bad[550, 1] = np.nan  # found by a worker, after the labels are known
+    store = write_store(tmp_path / "bad.zarr", bad, y, chunk_rows=100)
+    with pytest.raises(ValueError, match="NaN"):
+        model.fit(store)
+    assert not [a for a in vars(model) if a.endswith("_") and not a.startswith("_")]
+    with pytest.raises(NotFittedError):
+        model.predict(X)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(model)

@@ -58,10 +58,7 @@ class FitContext:
         est._check_params()
         # a refit starts unfitted: attributes of the last fit's route (EigenPro's
         # centers_ after a refit on features) no longer describe the model
-        params = est.get_params(deep=False)
-        for attr in [a for a in vars(est) if a.endswith("_") and not a.startswith("_")
-                     and a not in params]:
-            delattr(est, attr)
+        _unfit(est)
         X, y, self.labels = validate_fit_input(est, X, y, target=target, dtype=dtype)
         self.X = X  # as validated (a second sample is checked against it: DSGDensityRatio)
         if "random_state" in est.get_params(deep=False):
@@ -89,6 +86,8 @@ class FitContext:
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
+        if exc[0] is not None:  # a failed fit leaves no half of a model (classes_ without
+            _unfit(self.est)  # coef_ passed for fitted: pickling then dropped its client)
         engine = getattr(self, "engine", None)
         try:
             if engine is not None:  # its cached blocks stay, evictable (cache.retire)
@@ -224,6 +223,14 @@ class FitContext:
                                   if "validation_score" in e]
         est.best_epoch_ = monitor.best_epoch
         return monitor.final_state(state)
+
+
+def _unfit(est: Any) -> None:
+    """Remove the fitted attributes (scikit-learn's: a name ending in _)."""
+    params = est.get_params(deep=False)
+    for attr in [a for a in vars(est) if a.endswith("_") and not a.startswith("_")
+                 and a not in params]:
+        delattr(est, attr)
 
 
 def warn_if_float32_loses(sample: np.ndarray) -> None:
