@@ -141,8 +141,11 @@ def test_ctrl_c_prints_one_line_and_leaves_a_checkpoint_to_resume(store, tmp_pat
     argv = [sys.executable, "-m", "dkernel", "fit", store, "--features", "256",
             "--epochs", "400", "--batch-size", "100", "--workers", "1",
             "--checkpoint-every", "2", "--quiet", "--out", str(out)]
+    # (SIGINT at its default, as in a terminal: a SIGINT ignored on entry stays
+    # ignored, and a busy suite run timed out here once, the cause not found)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not ckpt.exists():  # steps are running
