@@ -395,7 +395,7 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     options = {"threads_per_worker": 1, "processes": True, "dashboard_address": ":0", **kwargs}
     preload = options.get("preload") or dask.config.get("distributed.worker.preload") or ()
     options["preload"] = [*preload, WORKER_PRELOAD]
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
+    environ = _spawn_environ()
     # A nanny takes these once, when it is created (restarts reuse them), and a
     # value in this process's environment wins over the configuration: ours are
     # put in the environment while the nannies are created, and what the
@@ -427,12 +427,16 @@ class _Cluster(LocalCluster):
         super().__init__(*args, **kwargs)
 
 
+def _spawn_environ() -> dict[str, Any]:
+    """The environment dkernel's nannies give their workers: the configured
+    ``pre-spawn-environ`` (OMP_NUM_THREADS=1, ...) with :data:`WORKER_MALLOC`."""
+    return {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
+
+
 def _nanny_writes() -> dict[str, str]:
     """What a nanny writes into this process's environment before it spawns a
-    worker: the configured ``pre-spawn-environ`` (OMP_NUM_THREADS=1, ...) with
-    :data:`WORKER_MALLOC`, and PYTHONHASHSEED where none is set."""
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
-    return {**{k: str(v) for k, v in environ.items() if v is not None},
+    worker: :func:`_spawn_environ`, and PYTHONHASHSEED where none is set."""
+    return {**{k: str(v) for k, v in _spawn_environ().items() if v is not None},
             "PYTHONHASHSEED": "6640"}
 
 
