@@ -520,6 +520,8 @@ def test_local_steps_without_the_preconditioner_are_refused():
 def test_lanes_above_the_chunks_are_cut_with_a_warning_and_recorded(client):
     # lanes=4 and lanes=64 gave the same model on 3 chunks without a word
     X, y = make_dai_ridge(3000, 3)
-    with pytest.warns(UserWarning, match=r"lanes=8 exceeds the data's 3 chunk\(s\)"):
+    with pytest.warns(UserWarning, match=r"lanes=8 exceeds the data's 3 chunk\(s\)") as caught:
         m = DSGRegressor(n_features=64, n_epochs=1, lanes=8, client=client).fit(X, y)
     assert m.lanes_ == 3
+    # the warning names the line that called fit (it named a line of dkernel's engine)
+    assert [w.filename for w in caught if "lanes=8" in str(w.message)] == [__file__]

@@ -10,7 +10,14 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dkernel import DSGClassifier, FitQualityWarning, SphereRegressor, StreamingKernelPCA
+from dkernel import (
+    DivergenceError,
+    DSGClassifier,
+    DSGRegressor,
+    FitQualityWarning,
+    SphereRegressor,
+    StreamingKernelPCA,
+)
 from dkernel.estimators.order import _chunk_moments, between_share
 
 ORDERED = "the rows are stored in an order of"
@@ -42,8 +49,11 @@ def test_a_classifier_on_rows_sorted_by_class_is_warned(client):
     y = (X[:, 0] + X[:, 1] > 0).astype(int)
     kw = dict(n_features=64, n_epochs=1, preconditioner=None, client=client)
     order = np.argsort(y, kind="stable")
-    with pytest.warns(FitQualityWarning, match=ORDERED + r" y: the means of its \d+ chunks"):
+    with pytest.warns(FitQualityWarning, match=ORDERED + r" y: the means of its \d+ chunks") \
+            as caught:
         DSGClassifier(**kw).fit(X[order], y[order])
+    # it names the user's line that called fit, not a line of dkernel
+    assert {w.filename for w in caught if ORDERED in str(w.message)} == {__file__}
     _quiet_about_order(lambda: DSGClassifier(**kw).fit(X, y))
 
 
@@ -66,3 +76,35 @@ def test_oja_on_rows_sorted_by_a_column_is_warned(client):
     with pytest.warns(FitQualityWarning, match=ORDERED + " column 2 of X.*Oja's rule"):
         StreamingKernelPCA(2, **kw).fit(X[np.argsort(X[:, 2])])
     _quiet_about_order(lambda: StreamingKernelPCA(2, **kw).fit(X))
+
+
+
+def test_oja_on_a_store_sorted_by_a_column_is_warned_from_the_sample(client, tmp_path):
+    """A store's X is not read for the check (a pass would cost the fit's):
+    the bandwidth's sample, a few rows of each chunk it reads, tells."""
+    from dkernel.data import write_store
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(20000, 3)).astype(np.float32)
+    kw = dict(bandwidth=1.5, n_features=128, n_passes=1, client=client)
+    for chunk_rows in (5000, 200):  # 4 chunks; 100 chunks, of which the sample reads 64
+        ordered = write_store(tmp_path / f"sorted{chunk_rows}.zarr", X[np.argsort(X[:, 1])],
+                              chunk_rows=chunk_rows)
+        with pytest.warns(FitQualityWarning, match=ORDERED + " column 1 of X.*Oja's rule"):
+            StreamingKernelPCA(2, **kw).fit(ordered)
+        shuffled = write_store(tmp_path / f"shuffled{chunk_rows}.zarr", X, chunk_rows=chunk_rows)
+        _quiet_about_order(lambda s=shuffled: StreamingKernelPCA(2, **kw).fit(s))
+
+
+def test_a_divergence_on_y_sorted_rows_says_to_shuffle_them_before_the_step_size(client):
+    """DSGRegressor(preconditioner=None) on y-sorted rows diverged, and the
+    error asked for a smaller step_size: the order is the cause."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20000, 8))
+    y = np.sin(2 * X[:, 0]) + X[:, 1]
+    order = np.argsort(y)
+    kw = dict(n_features=1024, preconditioner=None, random_state=0, client=client)
+    with pytest.warns(FitQualityWarning, match=ORDERED), \
+            pytest.raises(DivergenceError, match="shuffle the rows.*order of y.*smaller step_size"):
+        DSGRegressor(**kw).fit(X[order], y[order])
+    assert _quiet_about_order(lambda: DSGRegressor(**kw).fit(X, y)).score(X, y) > 0.5

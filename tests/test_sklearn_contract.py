@@ -315,3 +315,31 @@ def test_streaming_kernel_pca_orders_components_by_explained_variance(checks_cli
     assert np.all(np.diff(ev) <= 0), ev
     Z = m.transform(X)
     np.testing.assert_allclose(np.var(Z, axis=0) + np.mean(Z, axis=0) ** 2, ev, rtol=0.2)
+
+
+def test_a_second_fit_of_one_estimator_from_another_thread_is_refused(client):
+    """Two threads fitting one estimator left it with one fit's coefficients
+    and the other's random_state_ and n_features_in_, without an error: the
+    second is refused while the first runs, and the first finishes intact."""
+    import threading
+    import time
+
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6000, 8))
+    y = np.sin(X[:, 0])
+    est = DSGRegressor(n_features=512, n_epochs=30, random_state=1, client=client)
+    errors: list = []
+    first = threading.Thread(target=lambda: errors.append(est.fit(X, y)), name="first-fit")
+    first.start()
+    deadline = time.monotonic() + 60
+    while not hasattr(est, "random_state_") and time.monotonic() < deadline:
+        time.sleep(0.01)  # (set once the first fit has begun)
+    assert first.is_alive(), "the first fit ended before the second could start"
+    with pytest.raises(RuntimeError, match="already being fitted by thread 'first-fit'.*clone"):
+        est.fit(X[:, :4], y)
+    first.join(120)
+    assert errors == [est] and est.n_features_in_ == 8 and est.random_state_ == 1
+    assert est.predict(X[:5]).shape == (5,)
+    est.set_params(n_epochs=1).fit(X[:500], y[:500])  # and once it is done, fits again

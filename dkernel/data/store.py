@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.validate import (
     check_memory_visible,
     check_numeric_dtype,
@@ -427,7 +428,7 @@ def _settle(client: Any, futures: list) -> None:
             if now > deadline:
                 warnings.warn(f"{running} write task(s) still running {SETTLE_TIMEOUT:.0f} s "
                               "after a failure; removing the temporary store anyway",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=user_stacklevel())
                 return
             time.sleep(0.05)
     except Exception:  # a lost scheduler must not hide the error being raised

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.engine._probe import package_versions
 from dkernel.files import (
     NewerFormatError,
@@ -150,7 +151,7 @@ class Checkpointer:
         if self.path is not None and self.every > 0 and file_exists(self.path):
             warnings.warn(f"checkpoint {self.path} exists and this fit starts over (resume=False): "
                           "its checkpoints replace it; pass resume=True to continue the fit it "
-                          "holds", UserWarning, stacklevel=4)
+                          "holds", UserWarning, stacklevel=user_stacklevel())
 
     def resume(self) -> tuple[dict[str, Any], int] | None:
         """:meth:`load`, with a warning where there is nothing to load: a
@@ -158,7 +159,7 @@ class Checkpointer:
         loaded = self.load()
         if loaded is None:
             warnings.warn(f"resume: no checkpoint at {self.path}; the fit starts from the first "
-                          "step", UserWarning, stacklevel=4)
+                          "step", UserWarning, stacklevel=user_stacklevel())
         return loaded
 
     def load(self) -> tuple[dict[str, Any], int] | None:

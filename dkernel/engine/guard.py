@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from dkernel._stack import user_stacklevel
+
 
 class DivergenceError(ArithmeticError):
     """An iterative fit diverged and halving its step did not recover it."""
@@ -164,7 +166,7 @@ class DivergenceGuard:
             what = f"loss {loss}"
         else:
             what = "its coefficients are no longer finite"
-        hint = self.program.divergence_hint()
+        hint = _advice(self.program, self.program.divergence_hint())
         if not getattr(self.program, "supports_backoff", False) or self.snapshot is None:
             raise DivergenceError(f"{label} diverged at step {step} ({what}); {hint}")
         if len(self.backoffs) >= self.max_backoffs:
@@ -379,8 +381,9 @@ class DivergenceGuard:
             warnings.warn(
                 f"{label}: every update was undone by the divergence guard "
                 f"({len(self.backoffs)} halvings), so the model is the starting one "
-                f"(predicting the mean or the prior); {self.program.divergence_hint()}",
-                FitQualityWarning, stacklevel=3)
+                f"(predicting the mean or the prior); "
+                f"{_advice(self.program, self.program.divergence_hint())}",
+                FitQualityWarning, stacklevel=user_stacklevel())
             return
         ref = state.get("guard_reference")
         if not ref:
@@ -404,14 +407,26 @@ class DivergenceGuard:
             warnings.warn(
                 f"{label}: {what} {last:.4g} is no better than the starting model's "
                 f"{ref:.4g} (predicting the mean or the prior){within}; "
-                f"{_stall_hint(self.program)}", FitQualityWarning, stacklevel=3)
+                f"{_stall_hint(self.program)}", FitQualityWarning, stacklevel=user_stacklevel())
 
 
 def _stall_hint(program: Any) -> str:
     """The program's advice for a fit no better than its start (``stall_hint``,
     else its ``divergence_hint``: a program need not be a StepProgram)."""
     hint = getattr(program, "stall_hint", None) or program.divergence_hint
-    return hint()
+    return _advice(program, hint())
+
+
+def _advice(program: Any, hint: str) -> str:
+    """``hint``, led by the order the rows are stored in where the fit found
+    one (``program.ordered_by``, :mod:`dkernel.estimators.order`): steps on
+    y-sorted chunks pull the model back and forth, and a smaller step, the
+    usual advice, only slows that down."""
+    ordered_by = getattr(program, "ordered_by", None)
+    if not ordered_by:
+        return hint
+    return (f"first shuffle the rows, which are stored in an order of {ordered_by} (the "
+            f"FitQualityWarning above); otherwise {hint}")
 
 
 def end_margin(reference_rows: int, end_rows: int) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+from dkernel._stack import user_stacklevel
 from dkernel.backend import on_one_blas_thread
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
@@ -184,7 +185,7 @@ class Engine:
             warnings.warn(f"checkpoint_every={ckpt.every} steps, but this fit takes {total} "
                           f"({per_epoch[0]} an epoch): no checkpoint is written before it ends; "
                           f"checkpoint_every={every} writes one every {every} steps",
-                          UserWarning, stacklevel=4)
+                          UserWarning, stacklevel=user_stacklevel())
         progress = Progress(sum(per_epoch), program.label, opts.progress, start=start)
         if resident is not None and data.host is None:
             source.adopted = dict(resident)
@@ -495,7 +496,8 @@ class Engine:
         if not quiet and asked != "auto" and int(asked) > self.options.lanes:  # (was silent)
             warnings.warn(f"lanes={asked} exceeds the data's {data.n_chunks} chunk(s); a lane "
                           f"takes whole chunks, so the fit runs {self.options.lanes} lane(s) "
-                          "(lanes_): store smaller chunks for more", UserWarning, stacklevel=3)
+                          "(lanes_): store smaller chunks for more", UserWarning,
+                          stacklevel=user_stacklevel())
         return self.options.lanes
 
     def scan(self, data: Dataset, prepare: Callable, fold: Callable, state: Any,

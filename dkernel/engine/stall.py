@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future, wait
 
+from dkernel._stack import user_stacklevel
 from dkernel.engine.cluster import worker_timeout, workers_info
 
 _log = logging.getLogger("dkernel.engine")
@@ -202,7 +203,8 @@ class PauseWatch:
                 self.warned.add(a)
                 warnings.warn(f"{_where(self.label)}: worker {a} has been paused for "
                               f"{now - self.paused_since[a]:.0f} s at {_held(w)}; its tasks wait "
-                              f"until its memory falls. {_ADVICE}", RuntimeWarning, stacklevel=3)
+                              f"until its memory falls. {_ADVICE}", RuntimeWarning,
+                              stacklevel=user_stacklevel())
         if keys:
             self._check_partly(workers, keys, pending, now)
         if not paused or len(paused) < len(workers):

@@ -23,6 +23,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import EngineOptions
@@ -171,7 +172,8 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         if given is None or int(given) <= int(n_rows):
             return None if given is None else int(given)
         warnings.warn(f"batch_size={given} is larger than the {n_rows} rows a step can take; "
-                      f"using {n_rows} (one step an epoch)", UserWarning, stacklevel=4)
+                      f"using {n_rows} (one step an epoch)", UserWarning,
+                      stacklevel=user_stacklevel())
         return int(n_rows)
 
     def _keep_pool(self, features: Any, n_features: int) -> None:
@@ -393,7 +395,7 @@ def warn_many_classes(classes: np.ndarray, n_rows: int) -> None:
     if np.asarray(classes).dtype.kind in "iuf" and n > 50 and n > n_rows / 20:
         warnings.warn(f"y has {n} classes in {n_rows} rows: if it is a quantity, not a "
                       "label, fit a regressor (dkernel fit --task regression)", UserWarning,
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
 
 
 def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = True) -> Any:

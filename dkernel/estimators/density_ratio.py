@@ -12,7 +12,7 @@ import numpy as np
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_finite_chunk
 from dkernel.estimators.base import validate_predict_input
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap, step_eigenvalue
@@ -55,6 +55,7 @@ class DSGDensityRatio(PoolEstimator):
                  feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
+    @one_fit_at_a_time
     def fit(self, X_numerator: Any, X_denominator: Any) -> DSGDensityRatio:
         """Fit log p/q from a sample of p (numerator) and a sample of q (denominator).
 

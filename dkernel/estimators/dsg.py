@@ -16,7 +16,7 @@ from sklearn.utils.metaestimators import available_if
 from dkernel.data.dataset import Dataset
 from dkernel.engine import Engine
 from dkernel.estimators.base import BaseEstimator, apply_rows, warn_many_classes
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.history import (
     history_meta,
     set_history,
@@ -152,6 +152,7 @@ class _DSGBase(BaseEstimator):
         predict_proba, or removed it."""
         return getattr(self, "loss_", None) or self._loss
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> _DSGBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
         with FitContext(self, X, y, target=self._task) as fit:
@@ -167,8 +168,8 @@ class _DSGBase(BaseEstimator):
                 self.classes_ = fit.labels
             if self._task == "classification":
                 warn_many_classes(self.classes_, full.n_rows)
-            warn_if_ordered(full, fit.client, "y", "each step draws its rows from a few "
-                            "chunks, so steps see parts of the distribution in turn")
+            ordered = warn_if_ordered(full, fit.client, "y", "each step draws its rows from a "
+                                      "few chunks, so steps see parts of the distribution in turn")
             features, n_blocks = fit.feature_map(bandwidth)
             fit.hold_out()
             self.lanes_ = fit.engine.pin_lanes(fit.data)
@@ -189,6 +190,7 @@ class _DSGBase(BaseEstimator):
                                      float(self.alpha), _program_step(self.step_size_),
                                      float(self.step_decay), average=bool(self.average))
             program.cache_blocks = fit.feature_cache(n_blocks * features.block_size)
+            program.ordered_by = "y" if ordered else None  # (the guard's advice leads with it)
             if self.verbose:
                 print(f"dsg: {n_blocks * features.block_size} features, "
                       f"batch_size={self.batch_size_}, lanes={self.lanes_}, "

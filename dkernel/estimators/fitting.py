@@ -6,6 +6,7 @@ its own: the program it builds and the state it keeps."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
@@ -31,6 +33,37 @@ from dkernel.kernels import median_heuristic
 #: the training rows, and a random-feature model of it noise (0.01x: held-out
 #: R^2 -1.35 for EigenPro-RF, -0.52 for DSG, where kernel ridge gets -0.007).
 _NARROW = 0.05
+
+#: id(estimator) -> [the thread fitting it, its depth of nested fit calls]
+_FITTING: dict[int, list] = {}
+_FITTING_LOCK = threading.Lock()
+
+
+def one_fit_at_a_time(fit: Callable) -> Callable:
+    """Refuse a second ``fit`` of an estimator that another thread is fitting.
+    Both fits set the same attributes: two threads that fitted one
+    DSGRegressor at once left it holding one fit's coefficients and the
+    other's ``random_state_`` and ``n_features_in_``, with no error.  A fit
+    calling ``fit`` again on its own thread (a subclass's) is let through."""
+    @functools.wraps(fit)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        me = threading.current_thread()
+        with _FITTING_LOCK:
+            holder = _FITTING.setdefault(id(self), [me, 0])
+            if holder[0] is not me:
+                raise RuntimeError(
+                    f"this {type(self).__name__} is already being fitted by thread "
+                    f"{holder[0].name!r}; two fits of one estimator at once would mix their "
+                    "models: fit a copy in each thread (sklearn.base.clone(estimator))")
+            holder[1] += 1
+        try:
+            return fit(self, *args, **kwargs)
+        finally:
+            with _FITTING_LOCK:
+                holder[1] -= 1
+                if not holder[1]:
+                    del _FITTING[id(self)]
+    return wrapper
 
 
 class FitContext:
@@ -159,7 +192,7 @@ class FitContext:
                 f"({median:.4g}): random features alias at that width and predict noise off "
                 "the training rows (held-out R^2 -0.5 where the exact kernel predicts the "
                 "mean); widen the bandwidth, or use the kernel form (EigenPro without "
-                "n_features)", UserWarning, stacklevel=4)
+                "n_features)", UserWarning, stacklevel=user_stacklevel())
         B = min(int(block_size or est.block_size), int(est.n_features))
         features = FeatureMap(kernel or est.kernel, bandwidth,
                               self.data.n_inputs if n_inputs is None else n_inputs, B,
@@ -250,4 +283,4 @@ def warn_if_float32_loses(sample: np.ndarray) -> None:
             f"computes in float32, whose values there are {gap[j]:.2g} apart, and "
             f"{lost.size} column(s) lose more than 1% of their spread so; subtract the column "
             "means (e.g. scikit-learn's StandardScaler) before fitting", UserWarning,
-            stacklevel=4)
+            stacklevel=user_stacklevel())

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import OutlierMixin
 
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.solvers.novelty import OneClassProgram
@@ -97,6 +97,7 @@ class DSGOneClassSVM(OutlierMixin, PoolEstimator):
                  feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> DSGOneClassSVM:
         """Fit on X (array or store path); y is ignored."""
         with FitContext(self, X, target="none") as fit:

@@ -11,7 +11,8 @@ from the exact ones.
 
 The tell is the share of a column's variance that lies between its chunks'
 means: about (k - 1) / (n - 1) for k chunks of n rows in random order, near 1
-sorted.  It costs a pass over y (small beside X) or over in-memory X.
+sorted.  It costs a pass over y (small beside X) or over in-memory X; a
+store's X is judged from the rows already sampled for the bandwidth.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 import dask
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import Dataset
 from dkernel.engine import FitQualityWarning
 from dkernel.engine.stall import result
+from dkernel.estimators.sampling import _SAMPLE_DOMAIN, sample_index
 
 #: A column whose chunk means hold more of its variance than this is ordered
 #: (and more than ten times what random order gives).
@@ -53,11 +56,14 @@ def between_share(moments: np.ndarray) -> np.ndarray:
         return np.where(total > 0, between / total, np.nan)
 
 
-def warn_if_ordered(data: Dataset, client: Any, which: str, consequence: str) -> None:
-    """Warn when the rows of ``data`` look ordered by y (``which="y"``; a pass
-    over y) or by a column of X (``which="X"``; in-memory X only: a store's X
-    would cost a pass over the data).  ``consequence``: what the order does to
-    this fit."""
+def warn_if_ordered(data: Dataset, client: Any, which: str, consequence: str,
+                    sample: np.ndarray | None = None, seed: int = 0) -> bool:
+    """Warn (and return True) when the rows of ``data`` look ordered by y
+    (``which="y"``; a pass over y) or by a column of X (``which="X"``).  For
+    X not in memory, a pass over it would cost as much as the fit: the
+    chunks' means are taken from ``sample``, the rows :func:`sample_rows`
+    read with ``seed`` (a few rows in each of up to 64 chunks, enough to tell
+    sorted from shuffled).  ``consequence``: what the order does to this fit."""
     index = 1 if which == "y" else 0
     if data.host is not None and data.host[index] is not None:
         values = np.asarray(data.host[index])
@@ -71,11 +77,16 @@ def warn_if_ordered(data: Dataset, client: Any, which: str, consequence: str) ->
         parts = [dask.delayed(_chunk_moments)(b) for b in y.rechunk({1: -1}).to_delayed()[:, 0]]
         moments = result(client, client.compute(dask.delayed(np.concatenate)(parts)),
                          "y's order")
+    elif which == "X" and sample is not None and len(sample) > 1:
+        idx = sample_index(data, seed, len(sample), _SAMPLE_DOMAIN)
+        owner = np.searchsorted(data.row_offsets(), idx, side="right") - 1
+        cuts = np.flatnonzero(np.diff(owner)) + 1  # (idx is sorted: a chunk's rows are a run)
+        moments = np.concatenate([_chunk_moments(part) for part in np.split(sample, cuts)])
     else:
-        return
+        return False
     k, n = moments.shape[0], int(moments[:, 0, 0].sum())
     if k < 2 or n < 3:
-        return
+        return False
     share = between_share(moments)
     random_order = (k - 1) / (n - 1)
     ordered = np.flatnonzero(share > max(ORDERED_SHARE, 10 * random_order))
@@ -88,4 +99,5 @@ def warn_if_ordered(data: Dataset, client: Any, which: str, consequence: str) ->
             f"{share[j]:.0%} of its variance (rows in random order: about "
             f"{random_order:.1%}); {consequence}; shuffle the rows before fitting (in "
             "memory X[p], y[p] for p = numpy.random.permutation(n); a store, written from "
-            "shuffled rows)", FitQualityWarning, stacklevel=3)
+            "shuffled rows)", FitQualityWarning, stacklevel=user_stacklevel())
+    return bool(ordered.size)

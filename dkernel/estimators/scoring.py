@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 from sklearn.utils.multiclass import type_of_target
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import open_dataset
 
 
@@ -140,7 +141,7 @@ def r2_score_any(y: Any, p: Any) -> float:
         from sklearn.exceptions import UndefinedMetricWarning
 
         warnings.warn(f"R^2 score is not well-defined with less than two samples ({n} here)",
-                      UndefinedMetricWarning, stacklevel=3)
+                      UndefinedMetricWarning, stacklevel=user_stacklevel())
         return float("nan")
     return r2_from_sums(*r2_sums(y, p))
 

@@ -12,6 +12,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import RegressorMixin
 
+from dkernel._stack import user_stacklevel
 from dkernel.engine import EngineOptions, FitQualityWarning
 from dkernel.engine.stall import result
 from dkernel.estimators.base import (
@@ -19,7 +20,7 @@ from dkernel.estimators.base import (
     apply_rows,
     validate_predict_input,
 )
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.history import clean_entry, history_meta, set_history
 from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.scoring import regression_score
@@ -101,6 +102,7 @@ class SphereRegressor(RegressorMixin, BaseEstimator):
                              "input_map='normalize' has none: drop scale or set "
                              "input_map='stereographic'")
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> SphereRegressor:
         """Fit on X (array or store path) and y (or the store's ``y``), rows in order."""
         fit = FitContext(self, X, y, target="regression", dtype=[np.float64, np.float32])
@@ -258,7 +260,7 @@ def _warn_if_no_better_than_the_mean(loss: float | None, mean: Any, var: Any) ->
         error = float("inf") if loss is None else loss
         warnings.warn(f"SphereRegressor: the last pass's test-then-train squared error "
                       f"{error:.4g} is no better than predicting the mean of y (variance "
-                      f"{var:.4g}); {hint}", FitQualityWarning, stacklevel=3)
+                      f"{var:.4g}); {hint}", FitQualityWarning, stacklevel=user_stacklevel())
 
 
 def _pass_history(state: dict, n_rows: int, t0: float) -> list[dict]:

@@ -15,7 +15,7 @@ from dkernel.estimators.base import (
     validate_predict_input,
 )
 from dkernel.estimators.components.base import check_rows
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.spec import documented, params_of
@@ -78,6 +78,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             raise ValueError(
                 f"n_components={self.n_components} exceeds n_features={self.n_features}")
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> StreamingKernelPCA:
         """One pass over X (array or store path; more on few rows, ``n_passes``);
         y is ignored."""
@@ -98,7 +99,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 self._fit_exact(features, n_blocks, sample, center, time.perf_counter() - t0)
                 return self
             warn_if_ordered(data, fit.client, "X", "StreamingKernelPCA reads the rows in "
-                            "order and Oja's rule follows them")
+                            "order and Oja's rule follows them", sample=sample, seed=fit.seed)
             self.n_passes_ = passes = (int(self.n_passes) if self.n_passes != "auto"
                                        else auto_passes)
             if self.step_size == "auto":

@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_array
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import open_dataset
 from dkernel.engine import Engine
 from dkernel.estimators.base import (
@@ -25,7 +26,7 @@ from dkernel.estimators.base import (
     is_in_memory,
     validate_predict_input,
 )
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.params import AUTO
 from dkernel.estimators.scoring import check_same_rows, score_targets
@@ -322,6 +323,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         tags.target_tags.required = True  # the second view Y
         return tags
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> _TwoViewBase:
         """Fit on views X and y (same rows; y, the second view Y, may differ in
         width; named y as in scikit-learn's CCA).  X may be a store path whose
@@ -449,7 +451,8 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
 
             warnings.warn(f"the correlation of component(s) {flat.tolist()} is undefined (NaN): "
                           "their x or y scores are constant on these rows (a constant view, or "
-                          "fewer than 2 rows)", UndefinedMetricWarning, stacklevel=2)
+                          "fewer than 2 rows)", UndefinedMetricWarning,
+                          stacklevel=user_stacklevel())
         return corr
 
     def score(self, X: Any, y: Any = None) -> float:

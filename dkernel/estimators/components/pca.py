@@ -11,7 +11,7 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin
 from dkernel.data.dataset import open_dataset
 from dkernel.estimators.base import validate_predict_input
 from dkernel.estimators.components.base import _DOC_POWER_ATTRIBUTES, _ComponentsBase, _scores
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.linalg import column_signs
@@ -70,6 +70,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
                  feature_cache: str = "auto") -> None:
         self._store_params(locals())
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> KernelPCA:
         """Fit on X (array, DataFrame or store path); y is ignored."""
         fit = FitContext(self, X, target="none")

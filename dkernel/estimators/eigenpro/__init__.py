@@ -25,7 +25,7 @@ from dkernel.estimators.eigenpro.features import (
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
 from dkernel.estimators.eigenpro.nystrom import _DEFAULT_RIDGE, NystromRoute
 from dkernel.estimators.eigenpro.route import Route, checked_predict_block, predict_block
-from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.sampling import bandwidth_rows
 from dkernel.estimators.spec import documented, params_of
@@ -112,6 +112,7 @@ class _EigenProBase(BaseEstimator):
             p = n_rows if n_rows <= _MAX_AUTO_CENTERS else _AUTO_NYSTROM_CENTERS
         return KernelRoute(self, n_rows) if p >= n_rows else NystromRoute(self, n_rows, p)
 
+    @one_fit_at_a_time
     def fit(self, X: Any, y: Any = None) -> _EigenProBase:
         """Fit on X (array, DataFrame or store path) and y (or the store's ``y``)."""
         fit = FitContext(self, X, y, target=self._task)

@@ -11,6 +11,7 @@ from typing import Any
 import dask
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.engine.cluster import workers_info
 from dkernel.engine.progress import phase
 from dkernel.estimators.eigenpro.route import (
@@ -115,7 +116,7 @@ class KernelRoute(Route):
                            progress=fit.engine.options.progress)
         except FillLost as exc:  # the steps fill per chunk instead (they survive worker loss)
             warnings.warn(f"{exc}; the kernel rows are filled per chunk during epoch 1",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=user_stacklevel())
             return None
         if self.est.verbose:
             print(f"eigenpro: kernel rows of {data.n_chunks} chunks ({mode}) in "

@@ -13,6 +13,7 @@ from typing import Any
 import dask
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.engine.guard import FitQualityWarning
 from dkernel.engine.progress import phase
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
@@ -110,7 +111,7 @@ class NystromRoute(KernelRoute):
         short = None if best else unconverged(result, int(est.n_epochs))
         if short is not None:  # early stopping chose its iterate on held-out rows
             warnings.warn(f"eigenpro (n_centers={p} of {n} rows): {short}", FitQualityWarning,
-                          stacklevel=3)
+                          stacklevel=user_stacklevel())
         est.form_, est.solver_, est.centers_ = "kernel", "falkon", centers
         est.kernel_ = est.kernel
         est.coef_ = best["coef"] if best else result.coef
