@@ -477,3 +477,23 @@ def test_a_port_that_is_not_a_scheduler_is_named_within_the_timeout(external):
         with pytest.raises(ValueError, match=message):
             _check_address(bad)
     assert _check_address("127.0.0.1:8786") == "tcp://127.0.0.1:8786"  # as distributed reads it
+
+
+def test_a_fit_without_a_client_leaves_no_scheduler_behind():
+    """distributed memoises handler methods unbounded (core._expects_comm), so
+    each cluster a fit started kept its Scheduler, and a logging handler,
+    alive for the life of the process."""
+    import gc
+    import weakref
+
+    from distributed import Scheduler
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = (X[:, 0] > 0).astype(int)
+    gc.collect()
+    before = set(map(id, Scheduler._instances))
+    DSGClassifier(n_features=32, n_epochs=1).fit(X, y)
+    gc.collect()
+    started = [weakref.ref(s) for s in Scheduler._instances if id(s) not in before]
+    assert not [r for r in started if r() is not None and r().status.name == "closed"]

@@ -330,6 +330,21 @@ def connect(client: Client | None = None, scheduler: str | None = None,
                 cluster.close()
             finally:  # (a worker restarted meanwhile: its nanny wrote them again)
                 put_back_environ(saved)
+                _release_scheduler()
+
+
+def _release_scheduler() -> None:
+    """Let the closed cluster's in-process Scheduler be freed.  distributed
+    (2026.8) memoises ``core._expects_comm`` on the bound handler methods it
+    is asked about, unbounded, so every Scheduler a fit started stayed alive
+    with its logging handler (gc.collect() after 8 fits with no client: 8
+    Schedulers and 8 handlers on the "distributed.scheduler" logger; cleared,
+    0).  The cache only saves an ``inspect.signature`` per handler."""
+    import distributed.core
+
+    clear = getattr(getattr(distributed.core, "_expects_comm", None), "cache_clear", None)
+    if clear is not None:
+        clear()
 
 
 #: glibc settings for worker processes (set before the process starts: the
