@@ -195,6 +195,17 @@ class FeatureMap:
         differently (files written before the digest was stored are not checked)."""
         d = dict(d)
         saved = d.pop("weights_sha256", None)
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"its feature map has settings this dkernel does not know "
+                             f"({', '.join(unknown)}): written by a newer dkernel?")
+        sizes = [d.get(k) for k in ("n_inputs", "block_size")]
+        if not all(isinstance(v, int) and v >= 1 for v in sizes):
+            raise ValueError(f"its feature map's n_inputs and block_size are {sizes}, not "
+                             "positive integers")
+        if sizes[0] * sizes[1] > _MAX_BLOCK_WEIGHTS:  # (a 7 kB file took 1.9 GB to check)
+            raise ValueError(f"its feature map claims {sizes[0]} inputs x {sizes[1]} features "
+                             "a block, more weights than any fit makes: a damaged file")
         fm = cls(**d)
         if saved is not None and saved != fm.weights_digest():
             raise ValueError(
@@ -203,6 +214,11 @@ class FeatureMap:
                 "wrong; load it with the NumPy version that saved it (`dkernel info MODEL` shows "
                 "it) or refit")
         return fm
+
+
+#: The most weights (n_inputs x block_size) a saved feature map may claim for
+#: one block: 2^29, 4 GB in float64 (a 1M-input model at 512 features a block).
+_MAX_BLOCK_WEIGHTS = 1 << 29
 
 
 def step_eigenvalue(features: FeatureMap, n_blocks: int, sample: Any,

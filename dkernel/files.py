@@ -26,6 +26,7 @@ import json
 import os
 import tempfile
 import uuid
+import zipfile
 from typing import Any, TextIO
 
 import numpy as np
@@ -248,6 +249,51 @@ def read_npz_meta(path: str | os.PathLike) -> dict:
     return _read_npz(path, arrays=False)[1]
 
 
+def read_npz_shapes(path: str | os.PathLike) -> dict[str, tuple[tuple, str]]:
+    """``{array: (shape, dtype)}`` of a file written by :func:`write_npz_atomic`,
+    from each member's header: nothing is unpacked (``dkernel info``)."""
+    path = os.fspath(path)
+    read_npz_meta(path)  # (the checks: a dkernel file, not a newer format)
+    with contextlib.ExitStack() as stack:
+        if is_url(path):
+            fs, key = url_fs(path)
+            source: Any = stack.enter_context(fs.open(key, "rb"))
+        else:
+            source = stack.enter_context(open(path.removeprefix("file://"), "rb"))
+        archive = stack.enter_context(zipfile.ZipFile(source))
+        shapes = {}
+        for name in archive.namelist():
+            if name == "__meta__.npy" or not name.endswith(".npy"):
+                continue
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read(member)
+            shapes[name[:-4]] = (tuple(shape), str(dtype))
+    return shapes
+
+
+#: A member that unpacks to more than this many times its stored bytes (and
+#: more than :data:`_INFLATED_BYTES`) is refused: dkernel stores its arrays
+#: uncompressed (np.savez), and a 1.4 MB file that unpacked to 1.5 GB of zeros
+#: took that much memory to load, or to be described by ``dkernel info``.
+_INFLATION = 100
+_INFLATED_BYTES = 16 << 20
+
+
+def _check_inflation(source: Any, path: str) -> None:
+    with zipfile.ZipFile(source) as archive:
+        for member in archive.infolist():
+            if member.file_size > max(_INFLATED_BYTES, _INFLATION * member.compress_size):
+                raise ValueError(
+                    f"{path!r} is not a file dkernel wrote: its member {member.filename!r} "
+                    f"unpacks to {member.file_size / 2**20:.0f} MB from "
+                    f"{member.compress_size / 2**20:.1f} MB (dkernel stores arrays "
+                    "uncompressed)")
+    source.seek(0)
+
+
 def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:
     path = os.fspath(path)
     if not file_exists(path):
@@ -267,6 +313,10 @@ def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarr
             raise ValueError(f"{path!r} is not a dkernel model or checkpoint: those are .npz "
                              "archives written by 'dkernel fit --out' or save_model()")
         try:
+            _check_inflation(source, path)
+        except zipfile.BadZipFile:
+            pass  # (np.load says what is wrong, below)
+        try:
             with np.load(source, allow_pickle=False) as z:
                 if "__meta__" not in z.files:
                     raise ValueError("no metadata")
@@ -283,7 +333,10 @@ def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarr
                          f"({exc})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a dkernel file (format {meta.get('format')!r})")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int):
+        raise ValueError(f"{path!r} is not a dkernel file (format_version {version!r})")
+    if version > FORMAT_VERSION:
         raise NewerFormatError(f"{path!r} was written by a newer dkernel (format "
                                f"{meta['format_version']}); upgrade dkernel")
     return loaded, meta

@@ -15,7 +15,7 @@ from sklearn.kernel_ridge import KernelRidge
 
 from dkernel import DSGClassifier, load_model
 from dkernel.cli import main
-from dkernel.data import write_store
+from dkernel.data import open_dataset, write_store
 from dkernel.datasets import make_blobs_classification, make_dai_ridge
 
 
@@ -363,6 +363,22 @@ def test_predict_overwrites_with_overwrite_and_info_describes_the_prediction_sto
     assert info["attrs"]["estimator"] == "DSGClassifier"
     assert main(["info", pred]) == 0
     assert "kind: predictions" in capsys.readouterr().out
+
+
+def test_predict_refuses_to_overwrite_a_dataset_with_its_predictions(labelled, capsys):
+    """`dkernel predict MODEL S --out S --overwrite` replaced the store it read
+    with the predictions: X and y gone, rc 0."""
+    import shutil
+
+    copy = str(labelled["dir"] / "copy.zarr")
+    shutil.copytree(labelled["continuous"], copy)
+    for out, said in [(copy, "is the store the command reads"),
+                      (labelled["train"], "holds a dataset")]:
+        capsys.readouterr()
+        assert main(["predict", labelled["model"], copy, "--out", out, "--overwrite",
+                     "--quiet"]) == 1
+        assert said in capsys.readouterr().err
+    assert open_dataset(copy).y is not None and open_dataset(labelled["train"]).n_rows == 1200
 
 
 def test_model_info_and_plot_show_the_training_history(labelled, capsys):

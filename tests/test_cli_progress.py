@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,6 +106,51 @@ def test_a_damaged_model_file_is_named_in_one_line(tmp_path):
     np.savez(bad, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
     with pytest.raises(ValueError, match="is a model file without its estimator or parameters"):
         load_model(bad)
+
+
+def test_a_model_file_from_elsewhere_is_refused_before_it_takes_memory(client, tmp_path,
+                                                                       capsys):
+    """Files whose contents claim more than they hold: a 1.4 MB file whose
+    extra member unpacked to 1.5 GB (dkernel info and load_model took that
+    much), a 7 kB file whose feature map claimed 12000 x 12000 weights (1.9
+    GB to check), and coefficients cut short (no feature block: every
+    prediction the same class) or NaN, which loaded and predicted."""
+    import zipfile
+
+    from dkernel.files import read_npz
+
+    X, y = make_blobs_classification(600, 4)
+    good = tmp_path / "good.npz"
+    DSGClassifier(n_features=128, n_epochs=1, client=client).fit(X, y).save(str(good))
+    arrays, meta = read_npz(good)
+
+    def write(name, arrays=arrays, meta=meta):
+        path = tmp_path / name
+        np.savez(path, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                 **arrays)
+        return str(path)
+
+    bomb = write("bomb.npz")
+    with zipfile.ZipFile(bomb, "a", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open("pad.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array(member, np.zeros(20 << 20, np.float32))
+    assert os.path.getsize(bomb) < 1 << 20
+    for args in (["info", bomb], ["evaluate", bomb, "unused.zarr"]):
+        assert main(args) == 1
+        (line,) = _last_err(capsys)
+        assert "is not a file dkernel wrote: its member 'pad.npy' unpacks to 80 MB" in line
+    claims = {**meta, "features": {**meta["features"], "block_size": 12000, "n_inputs": 12000}}
+    for name, changed, said in [
+            ("short.npz", {**arrays, "coef": arrays["coef"][:10]}, "its coef has shape (10, "),
+            ("nan.npz", {**arrays, "coef": arrays["coef"] * np.nan}, "not finite numbers"),
+            ("claims.npz", arrays, "its coef has shape (128, 3), not (a multiple of its "
+                                   "12000-feature")]:
+        path = write(name, changed, claims if name == "claims.npz" else meta)
+        with pytest.raises(ValueError, match=f"{name}' is not a usable DSGClassifier model "
+                                             f"file: .*{re.escape(said)}"):
+            load_model(path)
+    # the file it came from loads and predicts as it did
+    assert load_model(good).predict(X[:5]).shape == (5,)
 
 
 def test_a_text_file_given_as_a_model_is_named_without_numpys_pickle_advice(tmp_path, capsys):
@@ -219,3 +265,19 @@ def test_a_sigint_ignored_on_entry_stays_ignored(store, tmp_path):
                          timeout=600)
     assert run.returncode == 0, run.stderr
     assert load_model(tmp_path / "m.npz").coef_.shape[0] == 64
+
+
+def test_an_interrupted_command_exits_even_with_a_thread_it_cannot_stop():
+    """After "dkernel: terminated" the process waited for a thread building a
+    200,000-chunk graph in the in-process scheduler: still running 9 minutes
+    after SIGTERM.  The exit of an interrupted command is forced after a
+    grace period."""
+    script = ("import threading, time\n"
+              "import dkernel.cli as cli\n"
+              "cli.EXIT_GRACE = 1.0\n"
+              "cli.main = lambda: 143\n"
+              "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+              "cli.entry()\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], timeout=120)
+    assert done.returncode == 143 and time.monotonic() - t0 < 60

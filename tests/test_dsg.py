@@ -525,3 +525,24 @@ def test_lanes_above_the_chunks_are_cut_with_a_warning_and_recorded(client):
     assert m.lanes_ == 3
     # the warning names the line that called fit (it named a line of dkernel's engine)
     assert [w.filename for w in caught if "lanes=8" in str(w.message)] == [__file__]
+
+
+def test_a_per_output_step_size_passed_back_reproduces_the_fit(client):
+    """README: pass step_size_ back to reproduce a fit.  Where the outputs'
+    spreads differ (a loss of bounded gradient) step_size_ is a list, which
+    step_size refused ("must be 'auto' or a number")."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 4))
+    y = np.sin(X[:, 0])
+    Y = np.c_[y, 1000 * y]
+    kw = dict(loss="huber", n_features=128, n_epochs=2, random_state=0, client=client)
+    first = DSGRegressor(**kw).fit(X, Y)
+    assert isinstance(first.step_size_, list) and len(first.step_size_) == 2
+    again = DSGRegressor(step_size=first.step_size_, lanes=first.lanes_,
+                         batch_size=first.batch_size_, **kw).fit(X, Y)
+    assert again.step_size_ == first.step_size_
+    np.testing.assert_array_equal(again.predict(X[:100]), first.predict(X[:100]))
+    with pytest.raises(ValueError, match="step_size has 3 values but the fit has 2 output"):
+        DSGRegressor(step_size=[1.0, 2.0, 3.0], n_features=64, client=client).fit(X, Y)
+    with pytest.raises(ValueError, match=r"step_size must be .*a list of them.*got array"):
+        DSGRegressor(step_size=np.array([1.0, 2.0])).fit(X, Y)

@@ -787,3 +787,17 @@ def test_a_kernel_form_too_large_for_the_workers_is_refused_before_any_work():
                                              r"half the smallest worker's memory limit"):
             EigenProRegressor(n_centers=400_000, bandwidth=1.0, client=client).fit(X, X[:, 0])
         check_worker_room(client, 20_000, 8, 1)  # (~11 MB: taken)
+
+
+def test_a_kernel_form_resume_at_auto_takes_the_checkpoints_kernel_cache(client, resume_mid_fit):
+    """kernel_cache="auto" resolves from the workers' memory, and the model
+    depends on it (fixed16 rows round): a resume takes the checkpoint's mode."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (2000, 4)).astype(np.float32)
+    y = np.sin(3 * X[:, 0]).astype(np.float32)
+    modes = iter(["fixed16", "auto"])
+    full, resumed, _ = resume_mid_fit(
+        lambda **c: EigenProRegressor(bandwidth=1.0, n_epochs=3, lanes=2, batch_size=256,
+                                      kernel_cache=next(modes), client=client, **c), X, y)
+    assert full.kernel_cache_ == resumed.kernel_cache_ == "fixed16"
+    np.testing.assert_array_equal(resumed.coef_, full.coef_)

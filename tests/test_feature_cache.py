@@ -142,3 +142,27 @@ def test_blocks_larger_than_the_workers_stream_without_spilling(tmp_path):
                            kind="regression", client=client)
         assert DSGRegressor(**kw).fit(small).feature_cache_ == "fixed16"
         assert sum(client.run(_spilled).values()) == 0
+
+
+def test_a_resume_goes_on_with_the_cache_mode_its_checkpoint_records(client, resume_mid_fit,
+                                                                    tmp_path):
+    """The model depends on where the blocks lived; "auto" resolves from the
+    workers' memory, so a resume on workers with less of it chose fixed16
+    where the fit began on float32 and ended 6.3e-5 away, without a word.
+    A resume at "auto" now takes the checkpoint's mode, and one given another
+    mode is refused, naming the checkpoint's."""
+    X, y = _data()
+    modes = iter(["fixed16", "auto"])
+
+    def make(**kw):
+        return DSGRegressor(n_features=256, n_epochs=3, batch_size=512, lanes=2,
+                            random_state=0, feature_cache=next(modes), client=client, **kw)
+
+    full, resumed, _ = resume_mid_fit(make, X, y)
+    assert full.feature_cache_ == resumed.feature_cache_ == "fixed16"
+    np.testing.assert_array_equal(resumed.predict(X[:200]), full.predict(X[:200]))
+    modes = iter(["fixed16", "float32"])
+    (tmp_path / "mid.ckpt.npz").unlink()  # (the fixture's: the second run starts afresh)
+    with pytest.raises(ValueError, match=r"cache: the checkpoint's 'fixed16', this fit's "
+                                         r"'float32'.*resume with feature_cache='fixed16'"):
+        resume_mid_fit(make, X, y)

@@ -187,9 +187,13 @@ def test_resume_continues_from_the_checkpointed_state(store, killed, reference, 
     assert not np.array_equal(load_model(out).coef_, reference.coef_)
 
 
-@pytest.mark.parametrize("flag, value, setting", [("--seed", "6", "random_state"),
-                                                  ("--batch-size", "64", "batch_size"),
-                                                  ("--features", "512", "n_blocks")])
+@pytest.mark.parametrize("flag, value, setting", [
+    ("--seed", "6", f"random_state: the checkpoint's {SEED}, this fit's 6"),
+    ("--batch-size", "64", f"batch_size: the checkpoint's {BATCH}, this fit's 64"),
+    ("--features", "512", "n_blocks: the checkpoint's 8, this fit's 16"),
+    # (lanes="auto" on a cluster of another width: the message named neither value)
+    ("--lanes", "1", f"lanes: the checkpoint's {LANES}, this fit's 1); resume with "
+                     f"lanes={LANES} (--lanes {LANES}; \"auto\" is one lane per worker thread)")])
 def test_resume_with_other_settings_fails_naming_the_setting(store, killed, client, tmp_path,
                                                              capsys, flag, value, setting):
     _, _, pristine = killed
@@ -332,6 +336,29 @@ def test_is_checkpoint_reads_the_metadata_and_names_a_newer_format(tmp_path):
     write_npz_atomic(newer, {}, {"kind": "checkpoint", "format_version": 10**6})
     with pytest.raises(NewerFormatError, match="newer dkernel"):
         is_checkpoint(newer)
+
+
+def test_a_damaged_checkpoint_is_named_as_one(store, client, tmp_path, capsys):
+    """A checkpoint missing a part failed with a bare "dkernel: error:
+    'fingerprint'", and a truncated one was called "not a checkpoint"."""
+    from dkernel.engine.checkpoint import Checkpointer, not_a_checkpoint
+    from dkernel.files import read_npz
+
+    ckpt = tmp_path / "c.npz"
+    Checkpointer(ckpt, 1, {"solver": "dsg"}).save({"coef": np.ones(3)}, 2)
+    arrays, meta = read_npz(ckpt)
+    write_npz_atomic(ckpt, arrays, {k: v for k, v in meta.items()
+                                    if k not in ("fingerprint", "format", "format_version")})
+    with pytest.raises(ValueError, match=r"c.npz' is damaged \(its fingerprint cannot be read\); "
+                                         "delete it"):
+        Checkpointer(ckpt, 1, {"solver": "dsg"}).load()
+    half = tmp_path / "model.npz.ckpt.npz"
+    half.write_bytes(ckpt.read_bytes()[:100])
+    assert not_a_checkpoint(half).startswith("it cannot be read")
+    assert main(["fit", store, *FIT_ARGS, "--scheduler", client.cluster.scheduler_address,
+                 "--resume", "--out", str(tmp_path / "model.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "exists and is not a checkpoint (it cannot be read" in err and "remove a damaged" in err
 
 
 def test_a_checkpoint_of_other_data_is_refused_not_handed_back(client, tmp_path):

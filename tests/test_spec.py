@@ -78,3 +78,13 @@ def test_bad_parameter_is_refused_in_under_two_seconds_without_a_cluster(tmp_pat
                                  "integer n_epochs >= 1"]
     assert dask_loaded == "False"  # no cluster: distributed was not even imported
     assert float(seconds) < 2.0, seconds  # the interpreter's start and imports included
+
+
+def test_the_command_lines_random_state_takes_none_as_the_help_says():
+    """--random-state's help says anything but an int becomes a seed at fit,
+    but "none" was refused as not an int."""
+    from dkernel.estimators.spec import RANDOM_STATE
+
+    assert RANDOM_STATE.check.parse("none") is None and RANDOM_STATE.check.parse("7") == 7
+    with pytest.raises(ValueError):
+        RANDOM_STATE.check.parse("seven")

@@ -128,3 +128,14 @@ def test_counting_rows_matches_parsing_them(tmp_path):
             for r in byte_ranges(path, blocksize):
                 parsed = len(read_range(path, r, 12, False)[1])
                 assert scan_range(path, r, False, 12) == (parsed, 12)
+
+
+def test_a_width_claimed_by_one_index_is_refused_unless_given(tmp_path):
+    """A 20-byte file with the index 300000000 ingested into a 2 x 3e8 store
+    (1.7 GB of memory); 2^31 failed with "value too large to convert to int"."""
+    for index in (300_000_000, 3_000_000_000):
+        path = tmp_path / f"w{index}.svm"
+        path.write_text(f"1 {index}:1\n0 1:2\n")
+        with pytest.raises(IngestError, match=rf"makes {index} columns, .* GB a dense float32 "
+                                              r"row.*pass n_features \(--n-inputs\)"):
+            ingest_libsvm(str(path), str(tmp_path / f"w{index}.zarr"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -102,6 +103,10 @@ def _scheduler_lost(exc: BaseException) -> bool:
         isinstance(exc, OSError) and "Timed out trying to connect" in str(exc))
 
 
+#: Seconds an interrupted command's exit may wait for threads before it is forced.
+EXIT_GRACE = 10.0
+
+
 def entry() -> None:
     """The ``dkernel`` program: :func:`main`, and a process that says nothing of
     what it cannot clean up at exit (without --debug): an unreachable object
@@ -112,7 +117,17 @@ def entry() -> None:
     code = main()
     if code in (130, 143):  # zarr's writes cut short are collected at exit, each a warning
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        # A thread the command could not stop (the in-process scheduler building a graph
+        # of 200,000 chunks) held the exit for minutes after "dkernel: terminated", and a
+        # batch system then escalates to SIGKILL: exit anyway after a grace period
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        timer = threading.Timer(EXIT_GRACE, os._exit, args=(code,))
+        timer.daemon = True
+        timer.start()
     sys.exit(code)
+
 
 
 def main(argv: list[str] | None = None) -> int:

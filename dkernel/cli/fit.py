@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
                          "add one of them (alone it would be ignored)")
     parameters(args)  # the spec's checks, before Dask is imported
     from dkernel.data import open_dataset
-    from dkernel.engine.checkpoint import is_checkpoint
+    from dkernel.engine.checkpoint import not_a_checkpoint
     from dkernel.io import file_exists, remove_file
 
     est = build(args)
@@ -201,10 +201,10 @@ def run(args: argparse.Namespace) -> int:
         common.check_writable(checkpoint, "--checkpoint")
         est.set_params(checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
-    if file_exists(checkpoint) and not is_checkpoint(checkpoint):
-        # the fit would write its checkpoints over it and delete it at the end
-        raise FileExistsError(f"--checkpoint {checkpoint!r} exists and is not a checkpoint; "
-                              "name another file (it would be overwritten, then deleted)")
+    why = file_exists(checkpoint) and not_a_checkpoint(checkpoint)
+    if why:  # the fit would write its checkpoints over it and delete it at the end
+        raise FileExistsError(f"--checkpoint {checkpoint!r} exists and is not a checkpoint "
+                              f"({why}); name another file, or remove a damaged one")
     if not args.resume and file_exists(checkpoint):
         # a rerun without --resume would start over and, once done, delete the
         # checkpoint: the interrupted fit's progress lost without a word

@@ -40,12 +40,13 @@ def _short(entry: dict) -> str:
 
 
 def _file_info(path: str) -> dict[str, Any]:
-    from dkernel.files import read_npz
+    from dkernel.files import read_npz_meta, read_npz_shapes
 
-    arrays, meta = read_npz(path)
+    meta = read_npz_meta(path)
     info = {"kind": meta.get("kind"), "path": path, "estimator": meta.get("estimator"),
             "params": meta.get("params"), "versions": meta.get("versions"),
-            "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()}}
+            "arrays": {k: [list(shape), dtype]
+                       for k, (shape, dtype) in read_npz_shapes(path).items()}}
     info.update({k: v for k, v in meta.items()
                  if k not in info and k not in ("format", "format_version")})
     return {k: v for k, v in info.items() if v is not None}

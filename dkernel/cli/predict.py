@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import warnings
 from typing import Any
 
@@ -36,6 +37,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     common.cluster_job(p, run_evaluate, overwrite=False)
 
 
+def _check_not_a_dataset(out: str, store: str) -> None:
+    """Refuse an output that is a dataset store: ``--overwrite`` replaced the
+    store being read (or another dataset) with the predictions, X and y gone."""
+    local = out.removeprefix("file://")
+    if "://" in local or not os.path.exists(local):
+        return
+    if os.path.realpath(local) == os.path.realpath(store.removeprefix("file://")):
+        raise ValueError(f"--out {out!r} is the store the command reads: its X and y would be "
+                         "replaced by the output; choose another path")
+    if os.path.isdir(os.path.join(local, "X")):
+        raise FileExistsError(f"--out {out!r} holds a dataset (an array X), not an earlier "
+                              "output: --overwrite replaces only those; choose another path")
+
+
 def run_apply(args: argparse.Namespace) -> int:
     from dkernel.data import open_dataset
     from dkernel.data.store import write_arrays
@@ -43,6 +58,7 @@ def run_apply(args: argparse.Namespace) -> int:
     from dkernel.io import load_model
 
     common.check_output(args.out, args.overwrite, store=True)
+    _check_not_a_dataset(args.out, args.store)
     model = load_model(args.model)
     if not hasattr(model, args.method):
         other = "transform" if args.method == "predict" else "predict"

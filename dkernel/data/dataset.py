@@ -11,6 +11,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dkernel._stack import user_stacklevel
 from dkernel.data.validate import (
     check_finite_chunk,
     check_memory_visible,
@@ -141,6 +142,8 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
     local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url \
         else None
     where = url if local is None else os.path.abspath(local)  # ./s.zarr is s.zarr
+    if local is not None:  # (an object store's LIST of every chunk is not paid for this)
+        check_chunks_present(arr, name, where, os.path.join(where, name))
     stamp: Any = None
     try:
         # X's every chunk (workers cache blocks derived from them); y's metadata
@@ -159,6 +162,47 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
         stamp = None  # no file system record: the path and metadata alone name it
     token = tokenize(where, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
     return da.from_zarr(arr, name=f"from-zarr-{token}")
+
+
+def check_chunks_present(arr: Any, name: str, where: str, folder: str) -> None:
+    """Refuse (or warn about) a store array whose chunks are not all there.
+
+    zarr reads a missing chunk as the array's fill value, so an interrupted
+    copy fitted without a word: 3 of 4 chunks of X deleted gave accuracy
+    0.507 where the whole store gives 0.994, and a shape edited to 1e8 rows
+    fitted 99.998% made-up rows for 11 minutes (1e12: a MemoryError in dask).
+    dkernel's writers write every chunk (:func:`~dkernel.data.store.create_array`
+    marks the array so): there a missing chunk is refused.  Other writers may
+    leave out chunks that hold only the fill value (zarr's default): a warning,
+    unless none is there at all."""
+    grid = getattr(arr, "shards", None) or arr.chunks  # (a shard is one file)
+    total = math.prod(-(-int(n) // int(c)) for n, c in zip(arr.shape, grid))
+    # a count of the array's files (zarr's nchunks_initialized builds every chunk's
+    # key first: 1e9 of them for a shape edited to 1e12 rows)
+    present = sum(len([f for f in files if f not in _ZARR_METADATA])
+                  for _, _, files in os.walk(folder))
+    if present >= total:
+        return
+    what = (f"{where}: {total - present} of the {total} chunks of its array {name!r} are "
+            f"missing, and zarr reads a missing chunk as the fill value "
+            f"({np.asarray(arr.fill_value).item()!r})")
+    if present == 0 or arr.attrs.get(EVERY_CHUNK_WRITTEN):
+        raise ValueError(f"{what}: the store is incomplete (an interrupted copy?) or its "
+                         f"shape was edited ({arr.shape[0]} rows); copy or write it again")
+    import warnings
+
+    warnings.warn(f"{what}; a writer may leave out chunks that hold only that value, "
+                  "otherwise the store is incomplete: copy or write it again", UserWarning,
+                  stacklevel=user_stacklevel())
+
+
+#: The files of a local zarr array (v3, v2) that are not chunks.
+_ZARR_METADATA = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+
+#: Attribute of a store array every chunk of which was written
+#: (:func:`dkernel.data.store.create_array`): :func:`check_chunks_present` refuses
+#: such an array with a chunk missing.
+EVERY_CHUNK_WRITTEN = "dkernel_every_chunk_written"
 
 
 def _fs_stamp(fs: Any, prefix: str, chunks: bool = True) -> str:

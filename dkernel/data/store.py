@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dkernel._stack import user_stacklevel
+from dkernel.data.dataset import EVERY_CHUNK_WRITTEN
 from dkernel.data.validate import (
     check_memory_visible,
     check_numeric_dtype,
@@ -228,9 +229,15 @@ def store_location(group: Any, path: str | os.PathLike) -> str:
 
 
 def create_array(group: Any, name: str, shape: tuple, dtype: Any, chunk_rows: int) -> Any:
-    """A row-chunked, compressed array in ``group`` (all columns in one chunk)."""
+    """A row-chunked, compressed array in ``group`` (all columns in one chunk).
+
+    Every chunk is written, zeros too (zarr leaves out a chunk of fill values
+    by default), and the array says so: a chunk missing later is then a
+    damaged copy, refused (:func:`~dkernel.data.dataset.check_chunks_present`)."""
     chunks = (max(1, min(chunk_rows, max(1, shape[0]))),) + tuple(shape[1:])
-    return group.create_array(name, shape=shape, chunks=chunks, dtype=np.dtype(dtype))
+    return group.create_array(name, shape=shape, chunks=chunks, dtype=np.dtype(dtype),
+                              attributes={EVERY_CHUNK_WRITTEN: True},
+                              config={"write_empty_chunks": True})
 
 
 def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,

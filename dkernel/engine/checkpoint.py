@@ -63,19 +63,65 @@ def _same(a: Any, b: Any, tolerant: bool = False) -> bool:
     return a == b
 
 
+def not_a_checkpoint(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` is not a checkpoint (:func:`is_checkpoint`), or
+    None where it is one: another kind of dkernel file, or one that cannot be
+    read (a damaged checkpoint among them)."""
+    try:
+        kind = read_npz_meta(path).get("kind")
+    except NewerFormatError:
+        raise
+    except (FileNotFoundError, ValueError) as exc:
+        return f"it cannot be read: {exc}"
+    return None if kind == "checkpoint" else f"it is a dkernel {kind or 'file of no kind'}"
+
+
 def is_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a checkpoint written by :class:`Checkpointer` (a
-    model, data or any other file does not)."""
-    try:
-        return read_npz_meta(path).get("kind") == "checkpoint"
-    except NewerFormatError:
-        raise  # a dkernel file all the same: say so, not "not a checkpoint"
-    except (FileNotFoundError, ValueError):  # (an unreadable file or bucket says so itself)
-        return False
+    model, data or any other file does not); a newer dkernel's raises."""
+    return not_a_checkpoint(path) is None
 
 
 #: The fingerprint's identity of the data (:func:`data_identity`).
 DATA = "data"
+
+#: The fingerprint's record of where the feature blocks or kernel rows lived
+#: between epochs (float32, fixed16 or off): the model depends on it.
+CACHE = "cache"
+
+
+def saved_setting(path: str | os.PathLike | None, key: str) -> Any:
+    """The value ``key`` has in the fingerprint of the checkpoint at ``path``;
+    None where there is no checkpoint or it has no such entry."""
+    if path is None or not file_exists(path):
+        return None
+    try:
+        meta = read_npz_meta(path)
+    except (FileNotFoundError, ValueError):  # (the resume itself says what is wrong)
+        return None
+    return meta.get("fingerprint", {}).get(key) if meta.get("kind") == "checkpoint" else None
+
+
+def _difference(key: str, saved: Any, now: Any) -> str:
+    """``key`` with the checkpoint's value and this fit's, where they are short."""
+    shown = [repr(v) for v in (saved, now)]
+    if max(len(v) for v in shown) > 40:
+        return key
+    return f"{key}: the checkpoint's {shown[0]}, this fit's {shown[1]}"
+
+
+def _fix(diff: list[str], saved: dict) -> str:
+    """What to resume with; the checkpoint's value for the settings a fit
+    resolves from the cluster ("auto")."""
+    given = []
+    if "lanes" in diff:
+        given.append(f"lanes={saved['lanes']} (--lanes {saved['lanes']}; \"auto\" is one "
+                     "lane per worker thread)")
+    if CACHE in diff:
+        given.append(f"feature_cache={saved[CACHE]!r} (kernel_cache for EigenPro's kernel "
+                     "form; \"auto\" follows the workers' memory)")
+    same = [] if given and set(diff) <= {"lanes", CACHE} else ["the same data and settings"]
+    return "resume with " + " and ".join(same + given)
 
 
 def data_identity(client: Any, data: Any) -> str:
@@ -169,11 +215,17 @@ class Checkpointer:
         arrays, meta = read_npz(self.path)
         if meta.get("kind") != "checkpoint":
             raise ValueError(f"{self.path!r} is not a checkpoint")
+        parts = {k: meta.get(k) for k in ("fingerprint", "scalars", "step")}
+        kinds = {"fingerprint": dict, "scalars": dict, "step": int}
+        damaged = [k for k, v in parts.items() if not isinstance(v, kinds[k])]
+        if damaged:  # (a bare "dkernel: error: 'fingerprint'" before)
+            raise ValueError(f"checkpoint {self.path!r} is damaged (its {', '.join(damaged)} "
+                             "cannot be read); delete it to start over")
         old = meta["fingerprint"]
         diff = sorted(k for k in set(old) | set(self.fingerprint)
                       if not _same(old.get(k), self.fingerprint.get(k), k in _SOLVED)
                       # (written before it was recorded)
-                      and not (k in (DATA, "step_size") and k not in old))
+                      and not (k in (DATA, "step_size", CACHE) and k not in old))
         # (piece_rows: a scan that now cuts its chunks, written before it did)
         if "plan_version" in diff or ("piece_rows" in diff and "piece_rows" not in old):
             raise ValueError(
@@ -182,8 +234,8 @@ class Checkpointer:
         if diff:
             raise ValueError(
                 f"checkpoint {self.path!r} belongs to a different fit (differs in: "
-                f"{', '.join(diff)}); resume with the same data and settings, or delete the "
-                "checkpoint to start over")
+                f"{'; '.join(_difference(k, old.get(k), self.fingerprint.get(k)) for k in diff)})"
+                f"; {_fix(diff, old)}, or delete the checkpoint to start over")
         if not self.every:
             # resumed with no interval given (``--resume`` alone): go on at the
             # interrupted fit's, or a second interruption lost every step since

@@ -36,7 +36,7 @@ from dkernel._stack import user_stacklevel
 from dkernel.backend import on_one_blas_thread
 from dkernel.data.dataset import Dataset
 from dkernel.data.plan import ChunkPlan, chunk_bundles
-from dkernel.engine.checkpoint import DATA, Checkpointer, data_identity
+from dkernel.engine.checkpoint import CACHE, DATA, Checkpointer, data_identity
 from dkernel.engine.chunks import _BundleSource, _ChunkSource, _KeptSource
 from dkernel.engine.guard import PROBE_ROWS, DivergenceGuard
 from dkernel.engine.program import StepProgram
@@ -158,7 +158,9 @@ class Engine:
                        "n_rows": data.n_rows, "n_inputs": data.n_inputs,
                        "row_chunks": list(plan.row_chunks), "batch_size": plan.batch_size,
                        "lanes": plan.lanes, "random_state": plan.random_state, "n_epochs": n_epochs,
-                       "plan_version": ChunkPlan.VERSION}
+                       "plan_version": ChunkPlan.VERSION,
+                       # (a resume whose "auto" cache resolved otherwise ended 6.3e-5 away)
+                       **({CACHE: cache} if (cache := _cache_mode(program)) else {})}
         ckpt = Checkpointer(opts.checkpoint, opts.checkpoint_every, fingerprint)
         state, start = program.init_state(), 0
         resumed_epoch: dict | None = None
@@ -509,6 +511,12 @@ class Engine:
 
 # Times a step is redone after losing a worker before the fit gives up.
 _STEP_RETRIES = 3
+
+
+def _cache_mode(program: Any) -> str | None:
+    """Where the program keeps feature blocks (``cache_blocks``) or kernel
+    rows (``cache_mode``) between epochs; None for a program with neither."""
+    return getattr(program, "cache_blocks", None) or getattr(program, "cache_mode", None)
 
 
 def _key_label(label: str) -> str:

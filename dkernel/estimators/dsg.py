@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import sys
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from dkernel.estimators.history import (
     set_history,
     validation_score,
 )
+from dkernel.estimators.model_file import checked_coef
 from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.sampling import bandwidth_rows, sample_rows
 from dkernel.estimators.spec import documented
@@ -99,11 +101,13 @@ class _DSGBase(BaseEstimator):
 
     def _check_params(self) -> None:
         super()._check_params()
-        if self.step_size != "auto" and float(self.step_size) * float(self.alpha) >= 2:
+        largest = (0.0 if isinstance(self.step_size, str)  # ("auto")
+                   else max(map(float, np.atleast_1d(self.step_size))))
+        if largest * float(self.alpha) >= 2:
             # (Dai's schedule step_size = 1 / alpha, step_decay = 1 is fine: the first
             # step shrinks the zero model by 1 - 1 = 0, later ones by less)
             raise ValueError(
-                f"step_size * alpha = {float(self.step_size) * float(self.alpha):.3g} >= 2: "
+                f"step_size * alpha = {largest * float(self.alpha):.3g} >= 2: "
                 f"the ridge term alone makes the first steps diverge (each scales the model "
                 f"by 1 - step_size * alpha <= -1); set step_size below 2 / alpha = "
                 f"{2 / float(self.alpha):.3g}, or leave it 'auto'")
@@ -134,6 +138,17 @@ class _DSGBase(BaseEstimator):
         spreads = getattr(self, "_target_spread", (1.0,))
         steps = [ridge_step(step(_STEP_SCALE[self._loss] * max(1.0, s)), float(self.alpha))
                  for s in spreads]
+        return steps[0] if len(set(steps)) == 1 else steps
+
+    def _given_step(self, n_outputs: int) -> float | list[float]:
+        """``step_size`` as given: one number, or one per output (a fitted
+        ``step_size_`` passed back, which is a list where the outputs differ)."""
+        if isinstance(self.step_size, numbers.Real):
+            return float(self.step_size)
+        steps = [float(v) for v in self.step_size]
+        if len(steps) != n_outputs:
+            raise ValueError(f"step_size has {len(steps)} values but the fit has {n_outputs} "
+                             "output(s); pass one number, or one step per output")
         return steps[0] if len(set(steps)) == 1 else steps
 
     def _loss_spec(self) -> LossSpec:
@@ -185,7 +200,7 @@ class _DSGBase(BaseEstimator):
                     lam = step_eigenvalue(features, n_blocks, sample)
                     self.step_size_ = self._auto_step(lambda c: c / lam)
                 else:
-                    self.step_size_ = float(self.step_size)
+                    self.step_size_ = self._given_step(encoding.n_outputs)
                 program = DSGProgram(features, self._loss_spec(), encoding, n_blocks,
                                      float(self.alpha), _program_step(self.step_size_),
                                      float(self.step_decay), average=bool(self.average))
@@ -231,7 +246,7 @@ class _DSGBase(BaseEstimator):
             eta = step_size(step_rows, beta, pre.new_top)
             self.step_size_ = self._auto_step(lambda c: c * eta / 2)
         else:
-            self.step_size_ = float(self.step_size)
+            self.step_size_ = self._given_step(encoding.n_outputs)
         # The steps descend mean l + alpha/2 |a|^2, whose curvature is at most
         # (H + c alpha) / c, c = 1 / max l'' (_CURVATURE): P flattens that operator,
         # not H alone.  From H alone, a step sized for alpha met the top directions at
@@ -281,8 +296,10 @@ class _DSGBase(BaseEstimator):
                  **history_meta(self)})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
+        # (the coefficients first: a block size they refute is not regenerated)
+        coef = checked_coef(arrays["coef"], meta["features"]["block_size"], 2)
         self._set_fitted(FeatureMap.from_dict(meta["features"]),
-                         self._load_encoding(arrays, meta), arrays["coef"])
+                         self._load_encoding(arrays, meta), coef)
         for k in _RESOLVED:
             if k in meta:
                 setattr(self, k, meta[k])

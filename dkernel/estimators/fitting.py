@@ -20,6 +20,7 @@ from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
+from dkernel.engine.checkpoint import CACHE, saved_setting
 from dkernel.engine.chunks import worker_rows
 from dkernel.engine.progress import phase
 from dkernel.estimators.base import resolve_random_state, validate_fit_input
@@ -224,6 +225,9 @@ class FitContext:
         nthreads = self.client.nthreads()
         self.keep_chunks = False
         mode = "off" if choice == "auto" and epochs <= 1 else choice
+        resumed = self.resumed_setting(CACHE) if choice == "auto" else None
+        if resumed is not None:  # a resume goes on as it began: the model depends on it
+            mode = str(resumed)
         if mode != "off" and nthreads:
             rows = max(worker_rows(nthreads, self.data.row_chunks).values())
             room = min(worker_cache.budgets(self.client).values())
@@ -235,6 +239,12 @@ class FitContext:
             self.keep_chunks = mode != "off" and fits[mode] and epochs > 1
         est.feature_cache_ = mode
         return mode
+
+    def resumed_setting(self, key: str) -> Any:
+        """``key`` of the checkpoint this fit resumes from (its fingerprint);
+        None when it starts afresh."""
+        options = self.engine.options
+        return saved_setting(options.checkpoint, key) if options.resume else None
 
     def run_steps(self, program: Any, batch_size: int, *,
                   evaluate: Callable[[dict], float] | None = None,

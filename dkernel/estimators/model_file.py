@@ -70,3 +70,17 @@ def _jsonable(params: dict) -> dict:
             v = v.item()
         out[k] = v
     return out
+
+
+def checked_coef(coef: Any, block_size: int, ndim: int) -> np.ndarray:
+    """A model file's pool coefficients (``ndim``: 2 with outputs, 1 a single
+    function's), refused where they cannot be the
+    model's: cut short (fewer rows than a block: no block at all, every
+    prediction the same class), of another shape, or not finite."""
+    coef, block_size = np.asarray(coef), int(block_size)
+    if coef.ndim != ndim or coef.shape[0] < block_size or coef.shape[0] % block_size:
+        raise ValueError(f"its coef has shape {coef.shape}, not (a multiple of its "
+                         f"{block_size}-feature blocks{', outputs' if ndim == 2 else ''})")
+    if coef.dtype.kind != "f" or not np.isfinite(coef).all():
+        raise ValueError("its coef holds values that are not finite numbers")
+    return coef

@@ -100,16 +100,21 @@ def auto_or(check: Check, *, none: bool = False) -> Check:
     """"auto" or a value ``check`` accepts (``none``: None too, the sentinel of
     earlier versions, so their scripts and model files keep working)."""
     def rule(v: Any) -> str | None:
-        if v == AUTO and isinstance(v, str) or (none and v is None):
+        if isinstance(v, str) and v == AUTO or (none and v is None):
             return None
         problem = check.rule(v)
-        if problem is None or _is_real(v):  # a number out of range: say the range
+        # (a number out of range: say the range; an inner auto_or said "auto" already)
+        if problem is None or _is_real(v) or problem.startswith('"auto" or '):
             return problem
         return f'"auto" or {problem}'
 
+    def fix(name: str) -> str:
+        inner = check.fix(name)
+        return inner if inner.endswith(", or 'auto'") else inner + ", or 'auto'"
+
     def parse(text: str) -> Any:
         return AUTO if text == AUTO else check.parse(text)
-    return Check(rule, lambda n: check.fix(n) + ", or 'auto'", parse)
+    return Check(rule, fix, parse)
 
 
 def none_or(check: Check) -> Check:
@@ -140,6 +145,24 @@ def int_sequence() -> Check:
             return what
         return None if all(_is_int(x) and x >= 1 for x in v) else what
     return Check(rule, lambda n: f"pass e.g. {n}=[100, 1000]")
+
+
+def numbers_or_number() -> Check:
+    """A number > 0, or a non-empty sequence of them (one per output: a
+    fitted ``step_size_`` passed back); on the command line, comma-separated."""
+    what = "a number > 0 or a list of them, one per output"
+
+    def rule(v: Any) -> str | None:
+        if _is_real(v):
+            return None if math.isfinite(v) and v > 0 else "> 0"
+        if not isinstance(v, (list, tuple)) or not v:  # (as step_size_ holds them; JSON-able)
+            return what
+        return None if all(_is_real(x) and math.isfinite(x) and x > 0 for x in v) else what
+
+    def parse(text: str) -> Any:
+        values = [float(t) for t in text.split(",")]
+        return values[0] if len(values) == 1 else values
+    return Check(rule, lambda n: f"pass e.g. {n}=0.5 or {n}=[0.5, 20.0]", parse)
 
 
 def anything() -> Check:

@@ -15,6 +15,7 @@ from dkernel.estimators.base import (
 )
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.history import history_meta, set_history
+from dkernel.estimators.model_file import checked_coef
 from dkernel.features import FeatureMap
 from dkernel.solvers.eigenpro_rf import default_batch
 from dkernel.solvers.pool import PoolProgram, pool_decision
@@ -73,7 +74,8 @@ class PoolEstimator(BaseEstimator):
                  **self._extra_meta()})
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
-        self.coef_ = arrays["coef"]
+        # (the coefficients first: a block size they refute is not regenerated)
+        self.coef_ = checked_coef(arrays["coef"], meta["features"]["block_size"], 1)
         self._keep_pool(FeatureMap.from_dict(meta["features"]), self.coef_.shape[0])
         self.n_blocks_ = int(meta["n_blocks"])
         self.step_size_ = meta["step_size_"]

@@ -26,6 +26,7 @@ from dkernel.estimators.params import (
     integer,
     none_or,
     number,
+    numbers_or_number,
     one_of,
 )
 
@@ -158,11 +159,16 @@ N_ITER_NO_CHANGE = Param("n_iter_no_change", 2, "int", integer(),
                          "early stopping")
 
 # runtime -------------------------------------------------------------------------------
+def _seed(text: str) -> int | None:
+    """A seed on the command line: an integer, or "none" for a fresh one."""
+    return None if text.lower() == "none" else int(text)
+
+
 RANDOM_STATE = Param("random_state", 0, "int, RandomState, Generator or None",
-                     custom(lambda _, v: check_random_state_param(v), int), """\
+                     custom(lambda _, v: check_random_state_param(v), _seed), """\
     Global seed of features and shuffling; anything but an int is turned
-    into one integer seed at fit, stored as ``random_state_``.""", "runtime",
-                     aliases=("--seed",))
+    into one integer seed at fit (on the command line, "none" draws one),
+    stored as ``random_state_``.""", "runtime", aliases=("--seed",))
 CLIENT = Param("client", None, "distributed.Client, optional", anything(),
                "Cluster to run on; None means the current client or a new LocalCluster.",
                "runtime", flag=None)
@@ -211,9 +217,14 @@ _DSG_LOCAL_STEPS = Param("local_steps", AUTO, 'int or "auto"', auto_or(integer()
     else ceil(lanes / 16) (a round's fixed cost grows ~2.5 ms a lane,
     docs/scaling.md), at most what leaves 8 rounds an epoch.  Needs the
     preconditioner.  Stored as ``local_steps_``.""", "sgd")
+_DSG_STEP_SIZE = STEP_SIZE.but(
+    kind='float, list of float or "auto"', check=auto_or(numbers_or_number()),
+    doc=STEP_SIZE.doc + """\
+  A list, one step per output (a fitted ``step_size_``), is taken as
+    it is.""")
 _DSG = (KERNEL, BANDWIDTH, N_FEATURES, BLOCK_SIZE, LOSS, ALPHA, BATCH_SIZE, N_EPOCHS,
-        STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE, FEATURE_CACHE,
-        _DSG_LOCAL_STEPS)
+        _DSG_STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE,
+        FEATURE_CACHE, _DSG_LOCAL_STEPS)
 _DSG_REGRESSOR = (
     Param("epsilon", 0.1, "float", number(0.0, low_open=False), """\
         Threshold of the "huber" loss (quadratic within epsilon of the target,

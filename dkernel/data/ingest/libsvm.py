@@ -89,7 +89,7 @@ def read_range(path: str, rng: Range, n_features: int | None, zero_based: bool,
             X, y = load_svmlight_file(f, n_features=n_features, dtype=dtype, zero_based=zero_based,
                                       offset=offset, length=length)
         return X.tocsr(), np.asarray(y, dtype=np.float64)
-    except (ValueError, IndexError, UnicodeDecodeError):
+    except (ValueError, IndexError, UnicodeDecodeError, OverflowError):
         # unsorted indices (accepted below) or a real error (named with its line)
         return _read_range_python(path, rng, n_features, zero_based, dtype)
 
@@ -228,7 +228,17 @@ def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> in
     d = max((w for _, w in scans), default=0)
     if d == 0:
         raise IngestError(f"{path}: no feature values found; pass n_features (--n-inputs)")
+    if d > _WIDEST:  # (a 20-byte file with index 300000000 took 1.7 GB to ingest)
+        raise IngestError(
+            f"{path}: its largest feature index makes {d} columns, {4 * d / 2**30:.1f} GB a "
+            "dense float32 row (dkernel stores dense rows); if that is meant, pass "
+            "n_features (--n-inputs) to confirm the width")
     return d
+
+
+#: Columns beyond which a width read from the file's indices is refused unless
+#: given: 2^24, 64 MB a float32 row (a damaged or sparse-only file).
+_WIDEST = 1 << 24
 
 
 @store_params

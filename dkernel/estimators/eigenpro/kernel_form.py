@@ -57,7 +57,7 @@ class KernelRoute(Route):
         check_worker_room(client, p, data.n_inputs, encoding.n_outputs)
         rng = np.random.default_rng([est.random_state_, 0xE16])
         ridge = float(est._given("alpha") or 0.0)
-        mode = cache_mode(est, client, data, p)
+        mode = cache_mode(fit, p)
         # the fill reads every chunk on its home anyway: the centers come from those reads
         chunks, homes = engine.resident_chunks(data) if mode != "off" else (None, None)
         centers = rows_as_float32(data, client, chunks)

@@ -74,7 +74,7 @@ class NystromRoute(KernelRoute):
             pre = FalkonPreconditioner.from_kernel(center_kernel(centers, est.kernel, bandwidth),
                                                    lam)
             t_pre = time.perf_counter() - t0
-        mode = cache_mode(est, fit.client, data, p)
+        mode = cache_mode(fit, p)
         constants = {**centers_payload(centers),
                      "kernel": est.kernel, "bandwidth": float(bandwidth), "encoding": encoding,
                      "cache": mode,

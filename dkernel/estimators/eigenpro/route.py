@@ -12,6 +12,7 @@ import numpy as np
 from dkernel.data.dataset import Dataset
 from dkernel.data.validate import check_finite_chunk
 from dkernel.engine import cache as worker_cache
+from dkernel.engine.checkpoint import CACHE
 from dkernel.engine.chunks import worker_rows
 from dkernel.engine.stall import gather, result
 from dkernel.estimators.fitting import FitContext
@@ -99,11 +100,16 @@ def record_sgd(est: Any, bandwidth: float, encoding: TargetEncoding, n_inputs: i
               file=sys.stderr, flush=True)
 
 
-def cache_mode(est: Any, client: Any, data: Dataset, p: int) -> str:
+def cache_mode(fit: FitContext, p: int) -> str:
     """float32 kernel rows if every worker's share fits its cache budget, else
-    fixed16 if that fits, else streaming recomputation."""
+    fixed16 if that fits, else streaming recomputation; a resume's "auto"
+    goes on with the mode its checkpoint records (the model depends on it)."""
+    est, client, data = fit.est, fit.client, fit.data
     if est.kernel_cache != "auto":
         return est.kernel_cache
+    resumed = fit.resumed_setting(CACHE)
+    if resumed is not None:
+        return str(resumed)
     nthreads = client.nthreads()
     if not nthreads:
         return "off"
