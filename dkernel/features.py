@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -203,9 +204,11 @@ class FeatureMap:
         if not all(isinstance(v, int) and v >= 1 for v in sizes):
             raise ValueError(f"its feature map's n_inputs and block_size are {sizes}, not "
                              "positive integers")
-        if sizes[0] * sizes[1] > _MAX_BLOCK_WEIGHTS:  # (a 7 kB file took 1.9 GB to check)
+        need = 8 * sizes[0] * sizes[1]  # (float64 weights of one block, to check the digest)
+        if need > _memory_bytes():  # (a 7 kB file claiming 200000^2 met numpy's MemoryError)
             raise ValueError(f"its feature map claims {sizes[0]} inputs x {sizes[1]} features "
-                             "a block, more weights than any fit makes: a damaged file")
+                             f"a block, {need / 2**30:.0f} GB of weights, more than this "
+                             "machine's memory: a damaged file, or one for a larger machine")
         fm = cls(**d)
         if saved is not None and saved != fm.weights_digest():
             raise ValueError(
@@ -216,9 +219,12 @@ class FeatureMap:
         return fm
 
 
-#: The most weights (n_inputs x block_size) a saved feature map may claim for
-#: one block: 2^29, 4 GB in float64 (a 1M-input model at 512 features a block).
-_MAX_BLOCK_WEIGHTS = 1 << 29
+def _memory_bytes() -> float:
+    """This machine's physical memory (infinite where it cannot be read)."""
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
 
 
 def step_eigenvalue(features: FeatureMap, n_blocks: int, sample: Any,

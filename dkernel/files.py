@@ -283,15 +283,17 @@ _INFLATED_BYTES = 16 << 20
 
 
 def _check_inflation(source: Any, path: str) -> None:
-    with zipfile.ZipFile(source) as archive:
-        for member in archive.infolist():
-            if member.file_size > max(_INFLATED_BYTES, _INFLATION * member.compress_size):
-                raise ValueError(
-                    f"{path!r} is not a file dkernel wrote: its member {member.filename!r} "
-                    f"unpacks to {member.file_size / 2**20:.0f} MB from "
-                    f"{member.compress_size / 2**20:.1f} MB (dkernel stores arrays "
-                    "uncompressed)")
-    source.seek(0)
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for member in archive.infolist():
+                if member.file_size > max(_INFLATED_BYTES, _INFLATION * member.compress_size):
+                    raise ValueError(
+                        f"{path!r} is not a file dkernel wrote: its member "
+                        f"{member.filename!r} unpacks to {member.file_size / 2**20:.0f} MB "
+                        f"from {member.compress_size / 2**20:.1f} MB (dkernel stores arrays "
+                        "uncompressed)")
+    finally:  # (np.load reads it next: a truncated zip said "No data left in file")
+        source.seek(0)
 
 
 def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:

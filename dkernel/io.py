@@ -55,11 +55,11 @@ def load_model(path: str | os.PathLike) -> Any:
     except KeyError as exc:  # a damaged or hand-edited file ("dkernel: error: 'coef'")
         raise ValueError(f"{os.fspath(path)!r} is not a complete {cls.__name__} model file: it "
                          f"lacks {exc}; write it again with save_model() or dkernel fit") from None
-    except (ValueError, TypeError, AttributeError, IndexError) as exc:
+    except (ValueError, TypeError) as exc:
         # arrays that disagree with the metadata (a short coef predicted one class for
-        # every row), or metadata of the wrong types: name the file
+        # every row), or metadata of the wrong types: name the file (the cause chained)
         raise ValueError(f"{os.fspath(path)!r} is not a usable {cls.__name__} model file: "
-                         f"{exc}") from None
+                         f"{exc}") from exc
     if "feature_names_in" in meta:
         est.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     seed = meta["params"].get("random_state")

@@ -211,7 +211,6 @@ def test_ctrl_c_prints_one_line_and_leaves_a_checkpoint_to_resume(store, tmp_pat
     assert rerun.returncode == 1 and "pass --resume to continue it" in rerun.stderr
 
 
-
 def test_sigterm_removes_the_half_written_store_and_says_terminated(tmp_path):
     """SIGTERM (``timeout``, Slurm, Kubernetes) unwinds as Ctrl-C does: the
     ingest's temporary store was left behind, half written, and never removed."""

@@ -517,7 +517,8 @@ def test_ksvd_power_steps_resume_from_their_checkpoint(client, tmp_path):
     write_npz_atomic(ckpt, arrays, {**{k: v for k, v in meta.items()
                                        if k not in ("format", "format_version", "versions")},
                                     "fingerprint": {**meta["fingerprint"], "power": True}})
-    with pytest.raises(ValueError, match=r"different fit \(differs in: power\)"):
+    with pytest.raises(ValueError, match=r"different fit \(differs in: power: the "
+                                         r"checkpoint's True, this fit's 2\)"):
         KernelSVD(2, checkpoint=str(ckpt), resume=True, **kw).fit(X, Y)
 
 

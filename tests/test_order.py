@@ -78,7 +78,6 @@ def test_oja_on_rows_sorted_by_a_column_is_warned(client):
     _quiet_about_order(lambda: StreamingKernelPCA(2, **kw).fit(X))
 
 
-
 def test_oja_on_a_store_sorted_by_a_column_is_warned_from_the_sample(client, tmp_path):
     """A store's X is not read for the check (a pass would cost the fit's):
     the bandwidth's sample, a few rows of each chunk it reads, tells."""

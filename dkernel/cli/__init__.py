@@ -129,7 +129,6 @@ def entry() -> None:
     sys.exit(code)
 
 
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -78,6 +78,13 @@ def _store_info(path: str) -> dict[str, Any]:
             "chunk_rows": int(data.row_chunks[0]),
             "y": None if data.y is None else {"shape": list(data.y.shape),
                                               "dtype": str(data.y.dtype)}}
+        if os.path.isdir(path):  # chunks zarr would read as fill values (check_chunks_present)
+            from dkernel.data.dataset import chunk_files
+
+            counts = {k: chunk_files(group[k], os.path.join(path, k)) for k in names}
+            missing = {k: total - have for k, (total, have) in counts.items() if have < total}
+            if missing:
+                info["chunks_not_stored"] = missing
     elif names:
         kind = {"predict": "predictions", "transform": "projections"}.get(
             attrs.get("dkernel"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,43 +166,58 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
 
 
 def check_chunks_present(arr: Any, name: str, where: str, folder: str) -> None:
-    """Refuse (or warn about) a store array whose chunks are not all there.
+    """Warn about a store array whose chunks are not all there; refuse one that
+    claims far more than it holds.
 
     zarr reads a missing chunk as the array's fill value, so an interrupted
     copy fitted without a word: 3 of 4 chunks of X deleted gave accuracy
     0.507 where the whole store gives 0.994, and a shape edited to 1e8 rows
     fitted 99.998% made-up rows for 11 minutes (1e12: a MemoryError in dask).
-    dkernel's writers write every chunk (:func:`~dkernel.data.store.create_array`
-    marks the array so): there a missing chunk is refused.  Other writers may
-    leave out chunks that hold only the fill value (zarr's default): a warning,
-    unless none is there at all."""
-    grid = getattr(arr, "shards", None) or arr.chunks  # (a shard is one file)
-    total = math.prod(-(-int(n) // int(c)) for n, c in zip(arr.shape, grid))
-    # a count of the array's files (zarr's nchunks_initialized builds every chunk's
-    # key first: 1e9 of them for a shape edited to 1e12 rows)
-    present = sum(len([f for f in files if f not in _ZARR_METADATA])
-                  for _, _, files in os.walk(folder))
+    A missing chunk is not always damage: zarr's writers leave out a chunk
+    that holds only the fill value (a y of zeros, or an in-place write of
+    zeros into a store dkernel wrote whole, :func:`~dkernel.data.store.create_array`),
+    so it is said, with what dkernel knows of the writer."""
+    total, present = chunk_files(arr, folder)
     if present >= total:
         return
-    what = (f"{where}: {total - present} of the {total} chunks of its array {name!r} are "
-            f"missing, and zarr reads a missing chunk as the fill value "
+    what = (f"{where}: {total - present} of the {total} chunks of its array {name!r} are not "
+            f"stored, and zarr reads a missing chunk as the fill value "
             f"({np.asarray(arr.fill_value).item()!r})")
-    if present == 0 or arr.attrs.get(EVERY_CHUNK_WRITTEN):
-        raise ValueError(f"{what}: the store is incomplete (an interrupted copy?) or its "
-                         f"shape was edited ({arr.shape[0]} rows); copy or write it again")
+    if total - present > _MOST_MISSING:  # (dask's graph of them alone would not fit)
+        raise ValueError(f"{what}: its shape ({arr.shape[0]} rows) claims far more than the "
+                         "store holds (edited, or a copy cut short); copy or write it again")
+    writer = ("dkernel wrote every chunk of it, so unless it was written in place since, the "
+              "store is an incomplete copy" if arr.attrs.get(EVERY_CHUNK_WRITTEN) else
+              "a writer may leave out chunks that hold only that value; if these should hold "
+              "data, the store is incomplete")
     import warnings
 
-    warnings.warn(f"{what}; a writer may leave out chunks that hold only that value, "
-                  "otherwise the store is incomplete: copy or write it again", UserWarning,
+    warnings.warn(f"{what}; {writer}: copy or write it again", UserWarning,
                   stacklevel=user_stacklevel())
 
 
-#: The files of a local zarr array (v3, v2) that are not chunks.
-_ZARR_METADATA = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+def chunk_files(arr: Any, folder: str) -> tuple[int, int]:
+    """(chunks the array's shape needs, chunk files in ``folder``): shards where
+    it has them (one file each).  Counted from the files, by their names (a
+    chunk key is digits: "0.0" in zarr 2, "c/0/0" in zarr 3; an rsync
+    temporary ".0.Xa81kq" is not one); zarr's ``nchunks_initialized`` builds
+    every key first, 1e9 of them for a shape edited to 1e12 rows."""
+    grid = getattr(arr, "shards", None) or arr.chunks
+    total = math.prod(-(-int(n) // int(c)) for n, c in zip(arr.shape, grid))
+    present = sum(sum(1 for f in files if _CHUNK_FILE.match(f))
+                  for _, _, files in os.walk(folder))
+    return total, present
+
+
+#: A chunk file's name (the last part of its key).
+_CHUNK_FILE = re.compile(r"^\d+(\.\d+)*$")
+
+#: Missing chunks beyond which an array is refused, not warned about.
+_MOST_MISSING = 1_000_000
 
 #: Attribute of a store array every chunk of which was written
-#: (:func:`dkernel.data.store.create_array`): :func:`check_chunks_present` refuses
-#: such an array with a chunk missing.
+#: (:func:`dkernel.data.store.create_array`): :func:`check_chunks_present` says
+#: that a chunk missing there is damage unless the store was written in place.
 EVERY_CHUNK_WRITTEN = "dkernel_every_chunk_written"
 
 

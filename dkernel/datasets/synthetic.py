@@ -43,10 +43,11 @@ def _write_chunk(target: str, i: int, start: int, rows: int, d: int, kind: str,
 
     make = make_blobs_classification if kind == "classification" else make_dai_ridge
     X, y = make(rows, d, random_state=random_state * 100003 + i)
-    # every chunk, as create_array promised (zarr leaves out chunks of fill values)
-    with zarr.config.set({"array.write_empty_chunks": True}):
-        zarr.open_array(target, path="X", mode="r+")[start : start + rows] = X
-        zarr.open_array(target, path="y", mode="r+")[start : start + rows] = y
+    # every chunk, as create_array promised (zarr leaves out chunks of fill values;
+    # its config.set would be process-wide, across a worker's threads)
+    for name, values in (("X", X), ("y", y)):
+        array = zarr.open_array(target, path=name, mode="r+")
+        array.with_config({"write_empty_chunks": True})[start : start + rows] = values
     return X.nbytes + y.nbytes
 
 

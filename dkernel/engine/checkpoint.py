@@ -99,7 +99,8 @@ def saved_setting(path: str | os.PathLike | None, key: str) -> Any:
         meta = read_npz_meta(path)
     except (FileNotFoundError, ValueError):  # (the resume itself says what is wrong)
         return None
-    return meta.get("fingerprint", {}).get(key) if meta.get("kind") == "checkpoint" else None
+    fingerprint = meta.get("fingerprint") if meta.get("kind") == "checkpoint" else None
+    return fingerprint.get(key) if isinstance(fingerprint, dict) else None  # (else: damaged)
 
 
 def _difference(key: str, saved: Any, now: Any) -> str:
@@ -170,11 +171,11 @@ class Checkpointer:
         self.path = None if path is None else os.fspath(path)
         self.every = int(every or 0)
         self.fingerprint = fingerprint
-        if self.path is not None and file_exists(self.path) and not is_checkpoint(self.path):
-            # the fit's checkpoints would be written over it
+        why = self.path is not None and file_exists(self.path) and not_a_checkpoint(self.path)
+        if why:  # the fit's checkpoints would be written over it
             raise FileExistsError(
-                f"checkpoint {self.path!r} exists and is not a checkpoint (a model or other "
-                "file); name another file for checkpoint")
+                f"checkpoint {self.path!r} exists and is not a checkpoint ({why}); name another "
+                "file for checkpoint, or remove a damaged one")
 
     def due(self, step: int) -> bool:
         return self.path is not None and self.every > 0 and step % self.every == 0

@@ -426,7 +426,7 @@ def _advice(program: Any, hint: str) -> str:
     if not ordered_by:
         return hint
     return (f"first shuffle the rows, which are stored in an order of {ordered_by} (the "
-            f"FitQualityWarning above); otherwise {hint}")
+            f"means of its chunks hold most of its variance); otherwise {hint}")
 
 
 def end_margin(reference_rows: int, end_rows: int) -> float:

@@ -219,9 +219,8 @@ _DSG_LOCAL_STEPS = Param("local_steps", AUTO, 'int or "auto"', auto_or(integer()
     preconditioner.  Stored as ``local_steps_``.""", "sgd")
 _DSG_STEP_SIZE = STEP_SIZE.but(
     kind='float, list of float or "auto"', check=auto_or(numbers_or_number()),
-    doc=STEP_SIZE.doc + """\
-  A list, one step per output (a fitted ``step_size_``), is taken as
-    it is.""")
+    doc=STEP_SIZE.doc + """
+    A list, one step per output (a fitted ``step_size_``), is taken as it is.""")
 _DSG = (KERNEL, BANDWIDTH, N_FEATURES, BLOCK_SIZE, LOSS, ALPHA, BATCH_SIZE, N_EPOCHS,
         _DSG_STEP_SIZE, STEP_DECAY, PRECONDITIONER, LANES, *_RUNTIME, *_EARLY, AVERAGE,
         FEATURE_CACHE, _DSG_LOCAL_STEPS)

@@ -423,6 +423,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         check_same_rows(y, X, "Y")
         return xs, _scores(self.features_[1], self.y_components_, self.y_mean_, y)
 
+    @one_fit_at_a_time  # (another thread's fit between the fit and the transform)
     def fit_transform(self, X: Any, y: Any = None) -> Any:
         """Fit, then ``transform`` both views: (x_scores, y_scores), as
         scikit-learn's CCA returns them (TransformerMixin's returned x_scores

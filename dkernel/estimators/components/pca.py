@@ -105,6 +105,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         X = validate_predict_input(self, X)
         return _scores(self.features_, self.components_, self.mean_, X)
 
+    @one_fit_at_a_time  # (another thread's fit between the fit and the transform)
     def fit_transform(self, X: Any, y: Any = None) -> Any:
         """Fit, then the scores of X (a store path: of its ``X``)."""
         return self.fit(X).transform(X if not isinstance(X, str) else open_dataset(X).X)
