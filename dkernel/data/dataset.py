@@ -143,17 +143,20 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
     local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url \
         else None
     where = url if local is None else os.path.abspath(local)  # ./s.zarr is s.zarr
-    if local is not None:  # (an object store's LIST of every chunk is not paid for this)
-        check_chunks_present(arr, name, where, os.path.join(where, name))
     stamp: Any = None
+    chunks: int | None = None  # chunk files found (local stores: check_chunks_present)
     try:
         # X's every chunk (workers cache blocks derived from them); y's metadata
         # only: nothing is cached under y's name, and its walk doubled the cost
         if local is not None:
-            stamp = (_local_stamp(os.path.join(where, name)) if name == "X" else
-                     [os.stat(os.path.join(where, name, m)).st_mtime_ns
-                      for m in ("zarr.json", ".zarray")
-                      if os.path.exists(os.path.join(where, name, m))])
+            folder = os.path.join(where, name)
+            if name == "X":  # (one walk serves the stamp and the count)
+                stamp = _local_stamp(folder)
+                chunks = stamp[-1]
+            else:
+                stamp = [os.stat(os.path.join(folder, m)).st_mtime_ns
+                         for m in ("zarr.json", ".zarray")
+                         if os.path.exists(os.path.join(folder, m))]
         else:
             import fsspec
 
@@ -161,11 +164,14 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
             stamp = _fs_stamp(fs, f"{root.rstrip('/')}/{name}", chunks=name == "X")
     except (ImportError, OSError, ValueError):
         stamp = None  # no file system record: the path and metadata alone name it
+    if local is not None:  # (an object store's LIST of every chunk is not paid for this)
+        check_chunks_present(arr, name, where, os.path.join(where, name), chunks)
     token = tokenize(where, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
     return da.from_zarr(arr, name=f"from-zarr-{token}")
 
 
-def check_chunks_present(arr: Any, name: str, where: str, folder: str) -> None:
+def check_chunks_present(arr: Any, name: str, where: str, folder: str,
+                         present: int | None = None) -> None:
     """Warn about a store array whose chunks are not all there; refuse one that
     claims far more than it holds.
 
@@ -176,8 +182,9 @@ def check_chunks_present(arr: Any, name: str, where: str, folder: str) -> None:
     A missing chunk is not always damage: zarr's writers leave out a chunk
     that holds only the fill value (a y of zeros, or an in-place write of
     zeros into a store dkernel wrote whole, :func:`~dkernel.data.store.create_array`),
-    so it is said, with what dkernel knows of the writer."""
-    total, present = chunk_files(arr, folder)
+    so it is said, with what dkernel knows of the writer.  ``present``: the
+    chunk files, where a walk of ``folder`` counted them already."""
+    total, present = chunk_files(arr, folder, present)
     if present >= total:
         return
     what = (f"{where}: {total - present} of the {total} chunks of its array {name!r} are not "
@@ -196,7 +203,7 @@ def check_chunks_present(arr: Any, name: str, where: str, folder: str) -> None:
                   stacklevel=user_stacklevel())
 
 
-def chunk_files(arr: Any, folder: str) -> tuple[int, int]:
+def chunk_files(arr: Any, folder: str, present: int | None = None) -> tuple[int, int]:
     """(chunks the array's shape needs, chunk files in ``folder``): shards where
     it has them (one file each).  Counted from the files, by their names (a
     chunk key is digits: "0.0" in zarr 2, "c/0/0" in zarr 3; an rsync
@@ -204,8 +211,9 @@ def chunk_files(arr: Any, folder: str) -> tuple[int, int]:
     every key first, 1e9 of them for a shape edited to 1e12 rows."""
     grid = getattr(arr, "shards", None) or arr.chunks
     total = math.prod(-(-int(n) // int(c)) for n, c in zip(arr.shape, grid))
-    present = sum(sum(1 for f in files if _CHUNK_FILE.match(f))
-                  for _, _, files in os.walk(folder))
+    if present is None:
+        present = sum(sum(1 for f in files if _CHUNK_FILE.match(f))
+                      for _, _, files in os.walk(folder))
     return total, present
 
 
@@ -296,11 +304,12 @@ def _zarr_source(arr: da.Array) -> Any:
     return source if len(graph) == 1 + math.prod(len(c) for c in arr.chunks) else None
 
 
-def _local_stamp(folder: str) -> tuple[int, int, int, int]:
-    """(files, bytes, newest mtime in ns, sum of inodes) of a local array's
-    files: a chunk written in place, or replaced by a rename, changes it
-    (about 15 us a file: 0.3 s for 20,000 chunks)."""
-    n = size = newest = inodes = 0
+def _local_stamp(folder: str) -> tuple[int, int, int, int, int]:
+    """(files, bytes, newest mtime in ns, sum of inodes, chunk files) of a local
+    array's files: a chunk written in place, or replaced by a rename, changes
+    the first four (about 15 us a file: 0.3 s for 20,000 chunks); the last is
+    :func:`check_chunks_present`'s count."""
+    n = size = newest = inodes = chunks = 0
     folders = [folder]
     while folders:
         with os.scandir(folders.pop()) as entries:
@@ -311,7 +320,8 @@ def _local_stamp(folder: str) -> tuple[int, int, int, int]:
                 st = e.stat()
                 n, size, inodes = n + 1, size + st.st_size, inodes + st.st_ino
                 newest = max(newest, st.st_mtime_ns)
-    return n, size, newest, inodes
+                chunks += bool(_CHUNK_FILE.match(e.name))
+    return n, size, newest, inodes, chunks
 
 
 def _visible_on_workers(arr: da.Array, url: str) -> da.Array:

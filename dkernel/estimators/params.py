@@ -150,14 +150,14 @@ def int_sequence() -> Check:
 def numbers_or_number() -> Check:
     """A number > 0, or a non-empty sequence of them (one per output: a
     fitted ``step_size_`` passed back); on the command line, comma-separated."""
-    what = "a number > 0 or a list of them, one per output"
+    what, one = "a number > 0 or a list of them, one per output", number()
 
     def rule(v: Any) -> str | None:
         if _is_real(v):
-            return None if math.isfinite(v) and v > 0 else "> 0"
+            return one.rule(v)
         if not isinstance(v, (list, tuple)) or not v:  # (as step_size_ holds them; JSON-able)
             return what
-        return None if all(_is_real(x) and math.isfinite(x) and x > 0 for x in v) else what
+        return None if all(one.rule(x) is None for x in v) else what
 
     def parse(text: str) -> Any:
         values = [float(t) for t in text.split(",")]
