@@ -115,6 +115,14 @@ def remove_file(path: str | os.PathLike) -> None:
         os.unlink(stale)
 
 
+def local_target(path: str) -> str:
+    """``path``, or where the symbolic link at ``path`` points: outputs are
+    written beside their path and renamed onto it, which replaced the link
+    itself (an overwritten store failed after its whole write; a dangling
+    link read as "another run wrote here")."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _npz_bytes(arrays: dict[str, np.ndarray], meta: dict) -> bytes:
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
     blob = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
@@ -166,7 +174,7 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
             except FileNotFoundError:
                 pass
         return
-    path = path.removeprefix("file://")
+    path = local_target(path.removeprefix("file://"))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     # named after the file, so that removing the file finds what a killed write left

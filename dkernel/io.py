@@ -25,13 +25,24 @@ __all__ = ["load_model", "save_model", "file_exists", "is_url", "read_npz", "rem
            "write_npz_atomic"]
 
 
+#: Parameters a model file records but :func:`load_model` leaves at their
+#: defaults: where the writing machine kept its checkpoints.
+_NOT_RESTORED = ("checkpoint", "checkpoint_every", "resume")
+
+
 def save_model(estimator: Any, path: str | os.PathLike) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
     write_model(estimator, path)
 
 
 def load_model(path: str | os.PathLike) -> Any:
-    """Load an estimator saved with :func:`save_model`."""
+    """Load an estimator saved with :func:`save_model`.
+
+    The file's ``checkpoint``, ``checkpoint_every`` and ``resume`` are shown by
+    ``dkernel info`` but not restored: they name a path on the machine that
+    wrote the file, where a refit of the loaded model would write (or resume
+    from) checkpoints.  Set them again to checkpoint a refit.
+    """
     arrays, meta = read_npz(path)
     if meta.get("kind") != "model":
         raise ValueError(f"{os.fspath(path)!r} is a {meta.get('kind')}, not a model")
@@ -49,8 +60,12 @@ def load_model(path: str | os.PathLike) -> Any:
         raise ValueError(f"{os.fspath(path)!r} sets {', '.join(unknown)}, which this dkernel's "
                          f"{cls.__name__} does not have; load it with the dkernel that wrote "
                          f"it ({wrote})")
+    params = {k: v for k, v in meta["params"].items() if k not in _NOT_RESTORED}
     try:
-        est = cls(**meta["params"])
+        est = cls(**params)
+        # the parameters against the class's declarations: a classifier's state
+        # relabelled DSGRegressor (loss="hinge") loaded and failed only at predict
+        est._check_params()
         est._set_model_state(arrays, meta)
     except KeyError as exc:  # a damaged or hand-edited file ("dkernel: error: 'coef'")
         raise ValueError(f"{os.fspath(path)!r} is not a complete {cls.__name__} model file: it "

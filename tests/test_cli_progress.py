@@ -149,6 +149,16 @@ def test_a_model_file_from_elsewhere_is_refused_before_it_takes_memory(client, t
         with pytest.raises(ValueError, match=f"{name}' is not a usable DSGClassifier model "
                                              f"file: .*{re.escape(said)}"):
             load_model(path)
+    # a classifier's file relabelled as a regressor's loaded, then failed at predict
+    # on "operands could not be broadcast together"
+    relabelled = write("relabelled.npz", arrays, {**meta, "estimator": "DSGRegressor"})
+    with pytest.raises(ValueError, match="relabelled.npz' is not a usable DSGRegressor model "
+                                         "file: its target encoding 'onehot' is not a regression"):
+        load_model(relabelled)
+    fewer = write("fewer.npz", {**arrays, "coef": arrays["coef"][:, :2]}, meta)
+    with pytest.raises(ValueError, match="its coef has 2 output columns where its target "
+                                         "encoding has 3"):
+        load_model(fewer)
     # the file it came from loads and predicts as it did
     assert load_model(good).predict(X[:5]).shape == (5,)
 

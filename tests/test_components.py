@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 
 import dask.array as da
 import numpy as np
@@ -14,8 +15,9 @@ from scipy.linalg import eigh, subspace_angles
 
 from dkernel import KernelCCA, KernelPCA, KernelSVD, load_model
 from dkernel.cli import main
-from dkernel.data import write_store
+from dkernel.data import open_dataset, write_store
 from dkernel.datasets import hermite_eigenfunctions, hermite_eigenvalues, make_hermite
+from dkernel.estimators.sampling import sample_index
 from dkernel.io import read_npz, write_npz_atomic
 from dkernel.kernels import kernel_matrix
 
@@ -366,6 +368,23 @@ def test_preconditioned_kcca_work_runs_on_both_workers(client):
     assert len(workers) == 2, workers
 
 
+def test_kcca_start_reads_a_few_chunks_of_a_large_store(client, tmp_path):
+    # its uniform draw of init_rows rows read every chunk of the store through
+    # dask's fancy indexing (8000 rows touch every chunk of a 10 TB store)
+    X, Y = _two_views(4000, 6)
+    store = write_store(tmp_path / "views.zarr", X, Y, chunk_rows=25)  # 160 chunks
+    model = KernelCCA(2, bandwidth=1.0, n_features=256, block_size=128, n_epochs=1,
+                      init_rows=1000, client=client)
+    with get_task_stream(client) as ts:
+        model.fit(store)
+    kinds = Counter(str(t["key"]).split("-")[0] for t in ts.data)
+    # the bandwidth check's sample and the start's, at most 64 chunks each, and no
+    # shuffle (it was 571 shuffle and 80 getitem tasks)
+    assert 64 < kinds["read_store_rows"] <= 128
+    assert not [k for k in kinds if "shuffle" in k or "getitem" in k], kinds
+    assert model.score(X, Y) > 0.5
+
+
 def test_kcca_preconditioner_flattens_each_views_spectrum(client):
     # the preconditioner comes from the centred pool covariance of the sampled
     # rows; P C has top eigenvalue lambda_{q+1}, which sets the automatic step
@@ -374,8 +393,7 @@ def test_kcca_preconditioner_flattens_each_views_spectrum(client):
         2, bandwidth=1.0, n_features=512, block_size=128, batch_size=256, n_epochs=1,
         init_rows=1000, preconditioner="eigenpro", client=client,
     ).fit(X, Y)
-    rng = np.random.default_rng([0, 0x1417])
-    idx = np.sort(rng.choice(3000, size=1000, replace=False))
+    idx = sample_index(open_dataset(X, Y), 0, 1000, 0x1417)
     for S, f, pre in zip((X[idx], Y[idx]), model.features_, model.preconditioners_):
         Z = f.transform(S, 4).astype(np.float64)
         Z -= Z.mean(axis=0)

@@ -104,3 +104,18 @@ def test_ctrl_c_while_the_cluster_starts_leaves_no_worker(tmp_path, delay):
     if lines[0] != "interrupted":
         pytest.skip(f"the cluster started within {delay} s: nothing to interrupt")
 
+
+
+def test_a_program_read_from_standard_input_is_refused_before_any_worker_starts(tmp_path):
+    # each spawned worker re-runs the main script first, and '<stdin>' is no file:
+    # the start failed after 30 lines of "Nanny failed to start"
+    program = ("import numpy as np\nfrom dkernel import DSGRegressor\n"
+               "X = np.ones((50, 2))\nDSGRegressor(n_features=8, n_epochs=1).fit(X, X[:, 0])\n")
+    proc = subprocess.run([sys.executable, "-"], input=program, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "RuntimeError: dkernel's local cluster starts worker processes, which first re-run the "
+        "main script, and '<stdin>' is not a file (a program read from standard input?): save it "
+        "to a file and run that, or pass client=distributed.Client(processes=False)")
+    assert "Nanny" not in proc.stderr

@@ -128,6 +128,10 @@ def test_fit_killed_mid_way_and_resumed_gives_the_uninterrupted_model(store, kil
     # reference ran on 2.
     assert np.array_equal(resumed.coef_, reference.coef_)
     assert np.array_equal(resumed.classes_, reference.classes_)
+    # the file records where the fit checkpointed; a refit of the loaded model
+    # (on another machine, say) would have written and resumed there
+    assert read_npz(out)[1]["params"]["checkpoint"] == str(ckpt)
+    assert (resumed.checkpoint, resumed.checkpoint_every, resumed.resume) == (None, 0, False)
     # and the history: the killed epoch's entry counted only the steps after
     # the checkpoint (its running totals are checkpointed with the state now)
     assert [(e["steps"], e["rows"]) for e in resumed.history_] == \

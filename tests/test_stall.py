@@ -114,6 +114,36 @@ def test_results_lost_with_every_worker_stop_the_gather_instead_of_waiting_for_e
         assert time.monotonic() - t0 < 15
 
 
+def test_a_score_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fast_watch,
+                                                                              monkeypatch):
+    # a fit stopped after DKERNEL_WORKER_TIMEOUT; score (and evaluate's metric
+    # pass, chunkwise) then waited on a cluster of no workers for ever
+    import dask.array as da
+
+    from dkernel import KernelCCA
+    from dkernel.engine.progress import chunkwise
+
+    monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    y = X[:, 0] + 0.1 * rng.normal(size=400)
+    with _one_worker() as (cluster, c):
+        reg = DSGRegressor(n_features=64, n_epochs=1, client=c).fit(X, y)
+        cca = KernelCCA(1, n_features=64, n_epochs=1, init_rows=100, client=c).fit(X, X[:, :2])
+        Xd, yd = da.from_array(X, chunks=100), da.from_array(y, chunks=100)
+        assert reg.score(Xd, yd) > 0.5  # (the same wait, workers present)
+        _lose_every_worker(cluster, c)
+        calls = [lambda: reg.score(Xd, yd), lambda: cca.score(Xd, Xd[:, :2]),
+                 lambda: chunkwise(np.sum, [Xd], 1, "r2", True),
+                 lambda: chunkwise(np.sum, [Xd], 1, "r2", False)]
+        for call in calls:
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="^scoring stopped: the cluster has had no "
+                                                   "workers for"):
+                call()
+            assert time.monotonic() - t0 < 15
+
+
 def _times_out():
     raise TimeoutError("a socket's own timeout")
 

@@ -203,3 +203,36 @@ def test_a_model_is_saved_where_the_filesystem_makes_no_hard_links(tmp_path, mon
     with pytest.raises(FileExistsError, match="appeared while"):
         write_npz_atomic(model, {"a": np.ones(1)}, {"who": "second"}, exclusive=True)
     assert os.listdir(tmp_path) == ["m.npz"]
+
+
+def test_an_output_at_a_symbolic_link_is_written_where_the_link_points(tmp_path, capsys):
+    # a store was written whole, then "Cannot call rmtree on a symbolic link"; a
+    # dangling link was blamed on "another run writing the same path"; a model
+    # replaced the link itself and left the file it pointed to as it was
+    from dkernel.files import read_npz, write_npz_atomic
+
+    X, y = make_blobs_classification(200, 3)
+    real = write_store(tmp_path / "real.zarr", X, y)
+    os.symlink(real, tmp_path / "link.zarr")
+    os.symlink(tmp_path / "later.zarr", tmp_path / "dangling.zarr")
+    write_store(tmp_path / "link.zarr", X[:50], y[:50], overwrite=True)
+    assert main(["make-store", str(tmp_path / "dangling.zarr"), "--rows", "60", "--quiet"]) == 0
+    for path, rows in (("link.zarr", 50), ("real.zarr", 50), ("later.zarr", 60)):
+        assert main(["info", str(tmp_path / path), "--json"]) == 0
+        assert f'"n_rows": {rows}' in capsys.readouterr().out
+    assert os.path.islink(tmp_path / "link.zarr") and os.path.islink(tmp_path / "dangling.zarr")
+    os.symlink(tmp_path / "m.npz", tmp_path / "m_link.npz")
+    write_npz_atomic(tmp_path / "m_link.npz", {"a": np.ones(1)}, {"who": "first"}, exclusive=True)
+    write_npz_atomic(tmp_path / "m_link.npz", {"a": np.ones(1)}, {"who": "second"})
+    assert os.path.islink(tmp_path / "m_link.npz")
+    assert read_npz(tmp_path / "m.npz")[1]["who"] == "second"
+
+
+def test_a_full_disk_names_the_store_and_leaves_nothing(tmp_path):
+    # "[Errno 28] No space left on device" named no store (or a temporary chunk)
+    import errno
+
+    with pytest.raises(OSError, match=r"store '.*out\.zarr' could not be written: No space"):
+        with atomic_store(str(tmp_path / "out.zarr")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert os.listdir(tmp_path) == []

@@ -139,3 +139,6 @@ def test_a_width_claimed_by_one_index_is_refused_unless_given(tmp_path):
         with pytest.raises(IngestError, match=rf"makes {index} columns, .* GB a dense float32 "
                                               r"row.*pass n_features \(--n-inputs\)"):
             ingest_libsvm(str(path), str(tmp_path / f"w{index}.zarr"))
+    # (the size is the store's dtype's: it said float32 whatever --dtype was)
+    with pytest.raises(IngestError, match=r"makes 300000000 columns, 2.2 GB a dense float64 row"):
+        ingest_libsvm(str(tmp_path / "w300000000.svm"), str(tmp_path / "w.zarr"), dtype="float64")

@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if "://" not in args.path and not os.path.exists(args.path):
+        # ("no dataset store at 'model.npz'" for a model file's path)
+        raise FileNotFoundError(f"{args.path!r} does not exist: dkernel info reads a dataset or "
+                                "prediction store, a model file or a checkpoint; check the path")
     info = _file_info(args.path) if os.path.isfile(args.path) else _store_info(args.path)
     if args.json:
         emit(args, info)

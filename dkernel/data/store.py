@@ -28,7 +28,7 @@ from dkernel.data.validate import (
     check_positive,
     memory_root,
 )
-from dkernel.files import url_fs
+from dkernel.files import local_target, url_fs
 
 DEFAULT_CHUNK_ROWS = 8192
 #: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
@@ -62,7 +62,7 @@ def check_replaceable(path: str) -> None:
     nor an empty folder: ``--overwrite`` replaces an earlier output, and took a
     folder of the user's notes with it (or failed on a file with "Not a
     directory")."""
-    path = path.removeprefix("file://")
+    path = local_target(path.removeprefix("file://"))
     if not os.path.exists(path):
         return
     if os.path.isdir(path) and (not os.listdir(path) or any(
@@ -91,7 +91,7 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     if "://" in path and not path.startswith("file://"):
         yield from _atomic_object_store(path, overwrite)
         return
-    path = path.removeprefix("file://")
+    path = local_target(path.removeprefix("file://"))
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path!r} already exists; remove it or choose another output path")
     check_replaceable(path)
@@ -103,7 +103,14 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
     tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{_writer()}-{os.getpid()}-"
                                f"{uuid.uuid4().hex[:12]}")
     try:
-        yield zarr.open_group(tmp, mode="w")
+        try:
+            yield zarr.open_group(tmp, mode="w")
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            # (it named no file, or the temporary store's chunk)
+            raise OSError(e.errno, f"store {path!r} could not be written: {e.strerror or e}; "
+                                   "nothing was left at that path") from e
         if overwrite and os.path.exists(path):
             shutil.rmtree(path)
         try:
@@ -120,6 +127,10 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
         _remove_settled(tmp)
         raise
     _remove_dead_writers(parent, os.path.basename(path))
+
+
+#: errno of a disk that takes no more (:func:`atomic_store` names the store).
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 def _remove_dead_writers(parent: str, name: str) -> None:

@@ -408,6 +408,8 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     ``dask worker`` (``deploy/local-cluster.sh`` and the image in
     ``deploy/Dockerfile`` set them)."""
     options = {"threads_per_worker": 1, "processes": True, "dashboard_address": ":0", **kwargs}
+    if options["processes"]:
+        _check_main_rerunnable()
     preload = options.get("preload") or dask.config.get("distributed.worker.preload") or ()
     options["preload"] = [*preload, WORKER_PRELOAD]
     environ = _spawn_environ()
@@ -431,6 +433,25 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
         raise
     finally:
         put_back_environ(saved)
+
+
+def _check_main_rerunnable() -> None:
+    """Refuse to start spawned workers from a program read from standard input:
+    each worker first re-runs the main script, '<stdin>' is no file, and the
+    start failed after 30 lines of "Nanny failed to start"."""
+    import multiprocessing.process
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return  # (an interactive session, -c, a notebook, or -m: nothing re-run by path)
+    origin = multiprocessing.process.ORIGINAL_DIR
+    if not os.path.isfile(os.path.join(origin or "", path)):
+        raise RuntimeError(
+            f"dkernel's local cluster starts worker processes, which first re-run the main "
+            f"script, and {path!r} is not a file (a program read from standard input?): save "
+            "it to a file and run that, or pass client=distributed.Client(processes=False)")
 
 
 class _Cluster(LocalCluster):

@@ -166,28 +166,26 @@ def chunkwise(fn: Any, arrays: list, width: int, label: str, enabled: bool) -> n
     current client and a progress line counts them as they finish (a metric over
     a large store said nothing until it was done); otherwise dask's current
     scheduler computes the same graph."""
-    import dask
     import dask.array as da
+    from distributed import get_client
+
+    from dkernel.engine.stall import compute, current_client, gather, wait_running
 
     rows = arrays[0].chunks[0]
     blocks = [(a if a.ndim == 2 else a[:, None]).rechunk({0: rows, 1: -1}) for a in arrays]
     parts = da.map_blocks(_partial, *blocks, fn=fn, dtype=np.float64,
                           chunks=((1,) * len(rows), (width,)), meta=np.empty((0, 0)))
     if not enabled:
-        return np.asarray(dask.compute(parts)[0])
-    from distributed import as_completed, get_client
-
-    client = get_client()
+        return np.asarray(compute(parts)[0])
+    client = current_client() or get_client()
     futures = client.compute(list(parts.to_delayed().ravel()))
     bar = Progress(len(futures), label, True, unit="chunks")
     try:
-        for fut in as_completed(futures):
-            if fut.status != "finished":
-                fut.result()  # raises the chunk's error
-            bar.update(1)
+        # (as_completed waited for ever once every worker was lost)
+        wait_running(client, futures, "scoring", on_done=bar.update)
+        return np.concatenate(gather(client, futures, "scoring"))
     finally:
         bar.close()
-    return np.concatenate(client.gather(futures))
 
 
 def _partial(*blocks: Any, fn: Any) -> np.ndarray:

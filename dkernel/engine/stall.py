@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import dask
 import numpy as np
+from dask.base import get_scheduler
 from distributed import Client, Future, wait
 
 from dkernel._stack import user_stacklevel
@@ -55,22 +57,32 @@ def wait_on(client: Client, futures: Iterable[Any], **kwargs: Any) -> Any:
         return wait(futures, **kwargs)
 
 
-def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit") -> None:
+def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit",
+                 on_done: Callable[[int], Any] | None = None) -> None:
     """Wait until every future in ``futures`` is done (finished, erred or
     cancelled: the caller's gather/result raises the error), checking that the
-    cluster can still run them (module docstring).  Non-futures are ignored."""
+    cluster can still run them (module docstring).  Non-futures are ignored.
+    ``on_done(k)`` is told of every ``k`` futures finished (a progress line);
+    with it the wait ends at the first error."""
     pending = [f for f in futures if isinstance(f, Future)]
     if not pending:
         return
     watch = PauseWatch(client, label)
+    when = "ALL_COMPLETED" if on_done is None else "FIRST_COMPLETED"
     while True:
         try:
-            wait_on(client, pending, timeout=_CHECK_SECONDS)
-            return
+            wait_on(client, pending, timeout=_CHECK_SECONDS, return_when=when)
         except TimeoutError:
-            pass
-        pending = [f for f in pending if not f.done()]
-        watch.check(len(pending), [f.key for f in pending])
+            pending = [f for f in pending if not f.done()]
+            watch.check(len(pending), [f.key for f in pending])
+            continue
+        if on_done is None:
+            return
+        left = [f for f in pending if not f.done()]
+        on_done(len(pending) - len(left))
+        if not left or any(f.status == "error" for f in pending):
+            return
+        pending = left
 
 
 def gather(client: Client, futures: list, label: str = "the fit") -> list:
@@ -100,6 +112,22 @@ def gather(client: Client, futures: list, label: str = "the fit") -> list:
     except BaseException:
         release(client, futures)
         raise
+
+
+def compute(*collections: Any, label: str = "scoring") -> tuple:
+    """``dask.compute(*collections)``, waiting as :func:`gather` does when the
+    current scheduler is a distributed client: a score whose workers were all
+    lost waited for ever, where a fit stops after ``$DKERNEL_WORKER_TIMEOUT``."""
+    client = current_client(collections)
+    if client is None:
+        return dask.compute(*collections)
+    return tuple(gather(client, client.compute(list(collections)), label))
+
+
+def current_client(collections: tuple = ()) -> Client | None:
+    """The distributed client dask's current scheduler is, or None (a local scheduler)."""
+    client = getattr(get_scheduler(collections=list(collections)), "__self__", None)
+    return client if isinstance(client, Client) else None
 
 
 def release(client: Client, futures: Iterable[Any]) -> None:
@@ -280,8 +308,9 @@ _ADVICE = ("Dask pauses a worker above 80% of its memory limit "
 
 def _where(label: str) -> str:
     """What a user reads first: the fit, then where in it (labels are the
-    engine's pass names, such as "a step" or "dsg preconditioner")."""
-    return "the fit" if label == "the fit" else f"the fit ({label})"
+    engine's pass names, such as "a step" or "dsg preconditioner"), or what
+    ran outside a fit ("scoring", "predicting")."""
+    return label if label in ("the fit", "scoring", "predicting") else f"the fit ({label})"
 
 
 def _held(worker: dict) -> str:

@@ -61,31 +61,46 @@ def sample_rows(data: Dataset, random_state: int, client: Any,
                 size: int = _BANDWIDTH_SAMPLE) -> np.ndarray:
     """A seeded random sample of rows of X, gathered by the cluster (one small read)."""
     idx = sample_index(data, random_state, size, _SAMPLE_DOMAIN)
+    sample = np.asarray(gather_rows(data, idx, client)[0], dtype=np.float64)
+    check_finite_rows("X", sample, idx)
+    return sample
+
+
+def gather_rows(data: Dataset, idx: np.ndarray, client: Any, with_y: bool = False
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows ``idx`` (sorted) of X, and of y ``with_y``, in their own dtypes: one
+    task per chunk that reads it and keeps its rows (dask's fancy indexing
+    adds a shuffle of several tasks per chunk)."""
     if data.host is not None:
-        sample = np.asarray(data.host[0][idx], dtype=np.float64)
+        Xh, yh = data.host
+        return Xh[idx], (yh[idx] if with_y and yh is not None else None)
+    y = data.y if with_y else None
+    offsets = data.row_offsets()
+    owner = np.searchsorted(offsets, idx, side="right") - 1
+    chunks = np.unique(owner)
+    if data.store is not None and (y is None or data.store.y is not None):
+        # (a store of X only, or y left out, is read the same way)
+        store = StoreArrays(data.store.X, data.store.y if y is not None else None,
+                            data.store.root, data.store.url)
+        parts = [client.submit(read_store_rows, store, int(offsets[c]), int(offsets[c + 1]),
+                               idx[owner == c] - offsets[c], pure=False) for c in chunks]
     else:
-        # one task per chunk that reads it and keeps its sampled rows (dask's
-        # fancy indexing adds a shuffle of several tasks per chunk)
-        offsets = data.row_offsets()
-        owner = np.searchsorted(offsets, idx, side="right") - 1
-        chunks = np.unique(owner)
-        if data.store is not None:
-            # no y: a store of X only is read the same way
-            xs = StoreArrays(data.store.X, None, data.store.root, data.store.url)
-            parts = [client.submit(_store_rows, xs, int(offsets[c]), int(offsets[c + 1]),
-                                   idx[owner == c] - offsets[c], pure=False) for c in chunks]
-        else:
-            blocks = dask.optimize(*[data.X.blocks[int(c)] for c in chunks])
-            parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
-                                    for b, c in zip(blocks, chunks)])
-        sample = np.concatenate([np.asarray(p, dtype=np.float64)
-                                 for p in gather(client, parts, "the sample")])
-    bad = ~np.isfinite(sample).all(axis=1)
+        blocks = dask.optimize(*[(data.X.blocks[int(c)], None if y is None else y.blocks[int(c)])
+                                 for c in chunks])
+        parts = client.compute([dask.delayed(_take_rows)(b, idx[owner == c] - offsets[c])
+                                for b, c in zip(blocks, chunks)])
+    parts = gather(client, parts, "the sample")
+    Xs = np.concatenate([np.asarray(p[0]) for p in parts])
+    return Xs, (np.concatenate([np.asarray(p[1]) for p in parts]) if y is not None else None)
+
+
+def check_finite_rows(name: str, sample: np.ndarray, idx: np.ndarray) -> None:
+    """Refuse a sample with NaN or infinity, naming the first bad row."""
+    bad = ~np.isfinite(sample.reshape(len(sample), -1)).all(axis=1)
     if bad.any():
         raise ValueError(
-            f"X contains NaN or infinity in {int(bad.sum())} sampled row(s) "
+            f"{name} contains NaN or infinity in {int(bad.sum())} sampled row(s) "
             f"(first bad row: {int(idx[bad][0])}); drop or impute those rows before fitting")
-    return sample
 
 
 def bandwidth_rows(rows: np.ndarray, data: Dataset, random_state: int) -> np.ndarray:
@@ -100,12 +115,9 @@ def bandwidth_rows(rows: np.ndarray, data: Dataset, random_state: int) -> np.nda
     return rows[np.searchsorted(large, small)]
 
 
-def _store_rows(store: StoreArrays, start: int, stop: int, rows: np.ndarray) -> np.ndarray:
-    return read_store_rows(store, start, stop, rows)[0]
-
-
-def _take_rows(block: Any, rows: np.ndarray) -> np.ndarray:
-    return np.asarray(block[rows])
+def _take_rows(blocks: tuple[Any, Any], rows: np.ndarray) -> tuple[np.ndarray, Any]:
+    X, y = blocks
+    return np.asarray(X[rows]), (None if y is None else np.asarray(y[rows]))
 
 
 def resolve_bandwidth(bandwidth: Any, kernel: str, sample: np.ndarray) -> float:

@@ -13,6 +13,7 @@ from sklearn.utils.multiclass import type_of_target
 
 from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import open_dataset
+from dkernel.engine.stall import compute
 
 
 def score_targets(X: Any, y: Any) -> tuple[Any, Any]:
@@ -66,7 +67,7 @@ def r2_sums(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
     ss_res = ((y - p) ** 2).sum(axis=0)
     ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
     if isinstance(ss_res, da.Array):
-        ss_res, ss_tot = da.compute(ss_res, ss_tot)
+        ss_res, ss_tot = compute(ss_res, ss_tot)
     return _finite_sums(np.atleast_1d(ss_res), np.atleast_1d(ss_tot))
 
 
@@ -165,11 +166,11 @@ def accuracy_any(y: Any, p: Any, classes: Any = None) -> float:
     if not isinstance(acc, da.Array):
         return float(acc)
     if classes is None or y.dtype.kind != "f":
-        return float(acc.compute())
+        return float(compute(acc)[0])
     # a lazy y is checked in the same pass: NaN, infinity or a fraction outside
     # the classes only ever counted as a wrong prediction (NaN rows scored 0.37)
     odd = (~da.isin(y, np.asarray(classes)) & ((y != da.floor(y)) | ~da.isfinite(y))).sum()
-    acc, odd = da.compute(acc, odd)
+    acc, odd = compute(acc, odd)
     if odd:
         raise ValueError(
             f"y holds {int(odd)} value(s) that are no label (NaN, infinity, or fractions outside "

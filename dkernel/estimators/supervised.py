@@ -50,6 +50,15 @@ class Supervised:
     def _load_encoding(self, arrays: dict, meta: dict) -> TargetEncoding:
         enc = TargetEncoding(meta["encoding"], tuple(arrays["classes"].tolist()),
                              tuple(arrays["offset"].tolist()))
+        # a classifier's state relabelled as a regressor's (or the other way) loaded,
+        # then failed at predict on shapes ("operands could not be broadcast")
+        if (enc.kind == "regression") != (self._task == "regression"):
+            raise ValueError(f"its target encoding {enc.kind!r} is not a {self._task} model's "
+                             "(a file of another estimator, relabelled?)")
+        coef = arrays["coef"]
+        if getattr(coef, "ndim", 0) == 2 and coef.shape[1] != enc.n_outputs:
+            raise ValueError(f"its coef has {coef.shape[1]} output columns where its target "
+                             f"encoding has {enc.n_outputs}")
         if enc.kind != "regression":  # files before label codes have no "labels"
             self.classes_ = arrays.get("labels", arrays["classes"])
         return enc

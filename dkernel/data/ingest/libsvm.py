@@ -221,7 +221,8 @@ def labels_as(y: np.ndarray, y_dtype: np.dtype, path: str) -> np.ndarray:
     return out
 
 
-def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> int:
+def width(path: str, scans: list[tuple[int, int]], n_features: int | None,
+          dtype: Any = np.float32) -> int:
     """The store's number of columns: ``n_features``, or the widest range's."""
     if n_features is not None:
         return int(n_features)
@@ -230,8 +231,9 @@ def width(path: str, scans: list[tuple[int, int]], n_features: int | None) -> in
         raise IngestError(f"{path}: no feature values found; pass n_features (--n-inputs)")
     if d > _WIDEST:  # (a 20-byte file with index 300000000 took 1.7 GB to ingest)
         raise IngestError(
-            f"{path}: its largest feature index makes {d} columns, {4 * d / 2**30:.1f} GB a "
-            "dense float32 row (dkernel stores dense rows); if that is meant, pass "
+            f"{path}: its largest feature index makes {d} columns, "
+            f"{np.dtype(dtype).itemsize * d / 2**30:.1f} GB a dense {np.dtype(dtype)} row "
+            "(dkernel stores dense rows); if that is meant, pass "
             "n_features (--n-inputs) to confirm the width")
     return d
 
@@ -284,7 +286,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
     ranges = byte_ranges(path)
     if n_features is None:  # the width must be known before the first dense chunk
         n_features = width(path, [scan_range(path, r, zero_based) for r in ranges],
-                                    None)
+                           None, dtype)
     check_positive("n_features", n_features, integer=True)
     size = max(1, os.path.getsize(path))
 
@@ -344,7 +346,7 @@ def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
         scans = gather_counted(c, c.map(scan_range, [path] * len(ranges), ranges,
                                         zero_based=zero_based, n_features=n_features,
                                         pure=False), progress, "parts counted")
-        d = width(path, scans, n_features)
+        d = width(path, scans, n_features, dtype)
         n = sum(r for r, _ in scans)
         if n == 0:
             raise IngestError(f"{path}: no data rows; nothing to ingest")

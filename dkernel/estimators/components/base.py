@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_array
 from dkernel._stack import user_stacklevel
 from dkernel.data.dataset import open_dataset
 from dkernel.engine import Engine
+from dkernel.engine.stall import compute
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
@@ -442,7 +443,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         xc, yc = xs - xs.mean(axis=0), ys - ys.mean(axis=0)
         parts = ((xc * yc).sum(axis=0), (xc * xc).sum(axis=0), (yc * yc).sum(axis=0))
         if xp is da:
-            parts = da.compute(*parts)
+            parts = compute(*parts)
         sxy, sxx, syy = (np.asarray(p) for p in parts)
         with np.errstate(invalid="ignore", divide="ignore"):
             corr = sxy / np.sqrt(sxx * syy)

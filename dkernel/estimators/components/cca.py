@@ -12,6 +12,7 @@ from dkernel.engine import Engine
 from dkernel.engine.progress import phase
 from dkernel.estimators.components.base import _TwoViewBase
 from dkernel.estimators.fitting import FitContext
+from dkernel.estimators.sampling import check_finite_rows, gather_rows, sample_index
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.solvers.components import pool_gram, regularized_cca
@@ -20,6 +21,8 @@ from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, feature_precondit
 #: Pool features used by KernelCCA's "subsample" start: the dense solve costs
 #: O(init_rows D0^2 + D0^3), ~5 s for 8000 rows and D0 = 2048 on two cores.
 _INIT_FEATURES = 2048
+#: The seed stream of the start's sampled rows.
+_START_DOMAIN = 0x1417
 #: Eigenpairs computed for KernelCCA's preconditioner: q stops where the critical
 #: batch reaches batch_size (q = 16 at 256 rows, 55 at 1024 on Fashion-MNIST halves).
 _PRECONDITIONER_PAIRS = 128
@@ -82,22 +85,13 @@ class KernelCCA(_TwoViewBase):
     def _start_from_sample(
         self, fit: FitContext, features: tuple, n_blocks: int
     ) -> tuple[tuple[np.ndarray, ...] | None, tuple[FeaturePreconditioner, ...] | None]:
-        data, client = fit.data, fit.client
-        rng = np.random.default_rng([self.random_state_, 0x1417])
-        idx = np.sort(rng.choice(data.n_rows, size=min(data.n_rows, int(self.init_rows)),
-                                 replace=False))
-        if data.host is not None:
-            Xs, Ys = data.host[0][idx], data.host[1][idx]
-        else:
-            Xs, Ys = client.compute([data.X[idx], data.y[idx]], sync=True)
+        # a seeded sample from at most 64 chunks (:func:`sample_index`): a uniform draw of
+        # 8000 rows read every chunk of a large store, through dask's fancy indexing
+        idx = sample_index(fit.data, self.random_state_, int(self.init_rows), _START_DOMAIN)
+        Xs, Ys = gather_rows(fit.data, idx, fit.client, with_y=True)
         Xs, Ys = np.asarray(Xs, dtype=features[0].dtype), np.asarray(Ys, dtype=features[1].dtype)
         for name, S in (("X", Xs), ("y", Ys)):  # (a lazy view's NaN met scipy's Cholesky first)
-            bad = ~np.isfinite(S.reshape(len(S), -1)).all(axis=1)
-            if bad.any():
-                raise ValueError(
-                    f"{name} contains NaN or infinity in {int(bad.sum())} sampled row(s) "
-                    f"(first bad row: {int(idx[bad][0])}); drop or impute those rows before "
-                    "fitting")
+            check_finite_rows(name, S, idx)
         init = self._initial(Xs, Ys, features, n_blocks) if self.init == "subsample" else None
         pre = None
         if self.preconditioner is not None:
