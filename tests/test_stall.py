@@ -144,6 +144,26 @@ def test_a_score_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fa
             assert time.monotonic() - t0 < 15
 
 
+def _bad_or_slow(block):
+    if block[0, 0] == 0:
+        raise ValueError("a bad chunk")
+    time.sleep(15)
+    return block.sum(axis=0)
+
+
+def test_a_metric_pass_with_progress_raises_a_chunks_error_without_waiting_for_the_rest(client):
+    # (as its as_completed loop did before it learnt to stop on a cluster of no workers)
+    import dask.array as da
+
+    from dkernel.engine.progress import chunkwise
+
+    X = da.from_array(np.r_[np.zeros((10, 1)), np.ones((10, 1))], chunks=10)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="a bad chunk"):
+        chunkwise(_bad_or_slow, [X], 1, "r2", True)
+    assert time.monotonic() - t0 < 10
+
+
 def _times_out():
     raise TimeoutError("a socket's own timeout")
 

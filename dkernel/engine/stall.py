@@ -99,7 +99,9 @@ def gather(client: Client, futures: list, label: str = "the fit") -> list:
     EigenPro fit met a NaN chunk)."""
     try:
         while True:
-            wait_running(client, futures, label)
+            if not any(f.status in ("error", "cancelled") for f in futures):
+                # (a wait that ended at an error, wait_running's on_done, raises it now)
+                wait_running(client, futures, label)
             if any(f.status in ("error", "cancelled") for f in futures):
                 return client.gather(futures)  # raises the task's own error
             try:
