@@ -11,8 +11,16 @@ def require(what: str, extra: str, *modules: str) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
+        except ModuleNotFoundError as exc:
             missing = (exc.name or name).split(".")[0]
             raise ModuleNotFoundError(
                 f"{what} needs {missing}, which is not installed here: "
                 f"pip install 'dkernel[{extra}]'", name=missing) from None
+        except ImportError as exc:
+            # installed but broken, e.g. a pyarrow built for numpy 1 under numpy 2:
+            # "not installed" sent the user to install what they had
+            top = name.split(".")[0]
+            raise ImportError(
+                f"{what} needs {top}, which is installed but does not import ({exc}); "
+                f"reinstall it to match this environment: pip install -U 'dkernel[{extra}]'",
+                name=top) from exc

@@ -189,6 +189,22 @@ def test_missing_pyarrow_names_the_ingest_extra(tmp_path, monkeypatch, capsys):
                     "pip install 'dkernel[ingest]'")
 
 
+def test_an_optional_dependency_that_fails_to_import_is_not_called_missing(tmp_path,
+                                                                          monkeypatch):
+    # pyarrow 14 under numpy 2 printed numpy's traceback, then "pyarrow, which is not
+    # installed here"
+    from dkernel._extras import require
+
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text(
+        'raise ImportError("numpy.core.multiarray failed to import")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=r"^Parquet ingest needs brokenpkg, which is installed "
+                                          r"but does not import \(numpy.core.multiarray failed "
+                                          r"to import\); reinstall it .*dkernel\[ingest\]"):
+        require("Parquet ingest", "ingest", "brokenpkg")
+
+
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_leaves_a_checkpoint_to_resume(store, tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: the

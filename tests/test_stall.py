@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 
 import dask
@@ -144,24 +145,32 @@ def test_a_score_whose_workers_are_all_lost_stops_instead_of_waiting_for_ever(fa
             assert time.monotonic() - t0 < 15
 
 
-def _bad_or_slow(block):
+def _bad_or_held(block, release):
     if block[0, 0] == 0:
         raise ValueError("a bad chunk")
-    time.sleep(15)
+    deadline = time.monotonic() + 90
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)  # (held until the test has seen the error)
     return block.sum(axis=0)
 
 
-def test_a_metric_pass_with_progress_raises_a_chunks_error_without_waiting_for_the_rest(client):
+def test_a_metric_pass_with_progress_raises_a_chunks_error_without_waiting_for_the_rest(
+        client, tmp_path):
     # (as its as_completed loop did before it learnt to stop on a cluster of no workers)
+    import functools
+
     import dask.array as da
 
     from dkernel.engine.progress import chunkwise
 
     X = da.from_array(np.r_[np.zeros((10, 1)), np.ones((10, 1))], chunks=10)
-    t0 = time.monotonic()
-    with pytest.raises(ValueError, match="a bad chunk"):
-        chunkwise(_bad_or_slow, [X], 1, "r2", True)
-    assert time.monotonic() - t0 < 10
+    release, t0 = tmp_path / "release", time.monotonic()
+    try:
+        with pytest.raises(ValueError, match="a bad chunk"):
+            chunkwise(functools.partial(_bad_or_held, release=str(release)), [X], 1, "r2", True)
+        assert time.monotonic() - t0 < 60  # (not once the held chunk gave up, at 90 s)
+    finally:
+        release.touch()
 
 
 def _times_out():

@@ -191,7 +191,9 @@ def _nbytes(obj: Any) -> int:
 def _workers(client: Client) -> dict[str, dict] | None:
     try:
         return workers_info(client)
-    except Exception:  # the scheduler busy or gone: the caller's wait decides
+    except (OSError, TimeoutError):  # the scheduler busy or gone: the caller's wait decides
+        # (not every error: distributed < 2025.4's TypeError switched the watchdog
+        # off for good, and a fit on paused workers waited for ever)
         return None
 
 
