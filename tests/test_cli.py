@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -190,6 +191,27 @@ def test_console_script_errors_have_no_traceback(tmp_path):
         assert proc.stderr.strip().startswith(f"dkernel: error: '{tmp_path / name}' does not "
                                               "exist: dkernel info reads a dataset")
         assert "Traceback" not in proc.stderr
+
+
+def test_a_malformed_dask_configuration_file_is_one_line_naming_it(tmp_path):
+    # every command, --help included, printed 53 lines of traceback
+    (tmp_path / "mine.yaml").write_text("distributed:\n  worker: [a, b\n")
+    env = {**os.environ, "DASK_CONFIG": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "dkernel", "--help"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"dkernel: error: A dask config file at '{tmp_path / 'mine.yaml'}' "
+                           "is malformed") and line.endswith("; fix or remove that file")
+
+
+def test_a_path_starting_with_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
+    # the shell leaves "--out=~/m.npz" (or a quoted "~/m.npz") as it is: a folder named
+    # "~" appeared in the working directory (and "rm -rf ~" is how a user removes it)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["make-store", "~/s.zarr", "--rows", "60", "--quiet", "--workers", "1"]) == 0
+    assert (tmp_path / "home" / "s.zarr").is_dir() and not (tmp_path / "~").exists()
 
 
 # --- refusals: what the command line cannot honour is a one-line error, exit 1 ---------------

@@ -459,6 +459,25 @@ def test_n_jobs_2_without_a_client_fits_on_threads_in_each_joblib_worker(client)
         DSGRegressor(n_features=64, client=c).fit(X, y)
 
 
+def test_an_asynchronous_client_is_refused_in_one_line():
+    # "TypeError: 'coroutine' object is not iterable", and never-awaited warnings
+    import asyncio
+
+    from distributed import Client, LocalCluster
+
+    X, y = make_dai_ridge(100, 3)
+
+    async def fit_with_an_async_client():
+        async with LocalCluster(n_workers=1, processes=False, asynchronous=True,
+                                dashboard_address=None) as one, \
+                Client(one, asynchronous=True) as c:
+            DSGRegressor(n_features=16, n_epochs=1, client=c).fit(X, y)
+
+    with pytest.raises(ValueError, match="is an asynchronous Client, and a fit blocks: pass a "
+                                         "synchronous Client"):
+        asyncio.run(fit_with_an_async_client())
+
+
 def test_rounds_of_local_steps_average_the_lanes_and_learn_the_rule(client, tmp_path,
                                                                     resume_mid_fit):
     """local_steps=k: each lane takes k preconditioned steps on its own rows

@@ -4,6 +4,10 @@ elsewhere (notebooks, logs)."""
 from __future__ import annotations
 
 import io
+import re
+
+import numpy as np
+import pytest
 
 from dkernel.engine.progress import Progress
 
@@ -130,6 +134,33 @@ def test_a_heartbeat_ends_its_line_on_a_terminal_and_outlives_a_stream_that_fail
         with phase("fit", True, stream=tty):
             time.sleep(0.8)
     assert "fit: running" in tty.getvalue() and tty.getvalue().endswith("\n")
+
+
+def test_dkernels_own_dask_settings_are_checked_and_a_heartbeat_of_0_is_off(client):
+    # progress-heartbeat 0 printed 60,000 lines in a 3 s fit, "abc" killed the
+    # heartbeat thread with tracebacks; cache-fraction 5 or -1 was taken as given
+    import time
+
+    import dask
+
+    from dkernel import DSGRegressor
+    from dkernel.engine.progress import phase
+
+    out = io.StringIO()
+    with dask.config.set({"dkernel.progress-heartbeat": 0}):
+        with phase("fit", True, stream=out):
+            time.sleep(0.5)
+    assert out.getvalue() == ""
+    X = np.random.default_rng(0).normal(size=(400, 3))
+    for key, value, span in [("dkernel.progress-heartbeat", "abc", "at least 0"),
+                             ("dkernel.progress-heartbeat", -1, "at least 0"),
+                             ("dkernel.cache-fraction", 5, "in [0, 1]"),
+                             ("dkernel.cache-live-seconds", -5, "at least 0")]:
+        variable = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+        with dask.config.set({key: value}), pytest.raises(
+                ValueError, match=rf"^the Dask configuration's {key} is {value!r}, not a number "
+                                  rf"{re.escape(span)}: fix it .*{variable}"):
+            DSGRegressor(n_features=32, n_epochs=2, verbose=True, client=client).fit(X, X[:, 0])
 
 
 def test_advice_stream_gives_up_on_a_gone_reader_only():

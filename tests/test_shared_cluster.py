@@ -321,3 +321,18 @@ def test_fit_with_workers_killed_three_times_at_random_steps_gives_the_same_mode
     # recomputed elsewhere and the model is the undisturbed one, bit for bit.
     assert np.max(np.abs(result["coef"] - reference)) <= 1e-6, f"kills at steps {kill_at}"
     np.testing.assert_array_equal(result["coef"], reference)
+
+
+def _fit_inside_a_task(lanes: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1500, 6))
+    return DSGRegressor(bandwidth=2.0, n_features=128, n_epochs=2, random_state=0,
+                        lanes=lanes).fit(X, np.sin(X[:, 0])).coef_
+
+
+def test_a_fit_submitted_as_a_task_runs_instead_of_waiting_for_its_own_thread(client):
+    # its tasks pinned to the task's own worker waited for the one thread the task
+    # held, for ever (sweeps with client.map, workflow runners on Dask)
+    inside = client.submit(_fit_inside_a_task, 2, pure=False).result(timeout=240)
+    with client.as_current():
+        np.testing.assert_array_equal(inside, _fit_inside_a_task(2))

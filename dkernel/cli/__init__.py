@@ -131,8 +131,19 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ValueError as exc:  # importing dask reads the user's configuration files
+        if "dask config file" not in str(exc):
+            raise
+        # (53 lines of traceback, for --help too); dask names the file
+        print(f"dkernel: error: {' '.join(str(exc).split())}; fix or remove that file",
+              file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
+    for name, value in vars(args).items():  # "--out=~/m.npz" reaches us unexpanded: it
+        if isinstance(value, str) and value.startswith("~/"):  # made a folder named "~"
+            setattr(args, name, os.path.expanduser(value))
     args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
     # (a signal ignored on entry stays ignored: a shell's background job ignores SIGINT)
@@ -189,3 +200,4 @@ def main(argv: list[str] | None = None) -> int:
             log.removeFilter(_only_critical)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+

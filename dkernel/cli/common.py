@@ -49,8 +49,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",
         metavar="ADDR",
-        help="Dask scheduler address (tcp://host:8786); default: $DASK_SCHEDULER_ADDRESS "
-        "or a new LocalCluster",
+        help="Dask scheduler address (tcp://host:8786); default: $DASK_SCHEDULER_ADDRESS, "
+        "else scheduler-address in the Dask configuration, else a new LocalCluster",
     )
     p.add_argument(
         "--workers",
@@ -84,9 +84,9 @@ def given_cluster_flags(args: argparse.Namespace) -> list[str]:
 
 def cluster_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of :func:`dkernel.engine.connect` from the cluster flags."""
-    from dkernel.engine.cluster import make_security
+    from dkernel.engine.cluster import configured_scheduler, make_security
 
-    address = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    address = args.scheduler or configured_scheduler()
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     if args.workers is not None and address:

@@ -36,6 +36,7 @@ from typing import Any
 import dask
 
 from dkernel.backend import plain_pages
+from dkernel.engine.settings import number
 
 _DEFAULT_FRACTION = 0.4
 _lock = threading.Lock()
@@ -52,9 +53,11 @@ _seen: dict[Hashable, float] = {}
 _DEFAULT_LIVE_SECONDS = 60.0
 
 
-def budget() -> int:
-    """Bytes this process may hold in the cache."""
-    fraction = float(dask.config.get("dkernel.cache-fraction", _DEFAULT_FRACTION))
+def budget(fraction: float | None = None) -> int:
+    """Bytes this process may hold in the cache: ``fraction`` (default: this
+    process's ``dkernel.cache-fraction``) of its worker's memory limit."""
+    if fraction is None:
+        fraction = number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
     try:
         from distributed import get_worker
 
@@ -68,14 +71,14 @@ def budget() -> int:
     return int(fraction * limit)
 
 
-def headroom() -> int:
+def headroom(fraction: float | None = None) -> int:
     """Bytes this process can add to the cache before Dask starts spilling:
     :func:`budget`, less what the process already holds beyond its cache when
     that would take it past the worker's spill threshold
     (``distributed.worker.memory.spill`` of the limit).  With a small limit the
     interpreter alone is a third of it (about 200 MB of 600 MB here), and a
     budget of 0.4 of the limit on top made the worker spill its chunks."""
-    room = budget()
+    room = budget(fraction)
     try:
         from distributed import get_worker
 
@@ -96,8 +99,15 @@ def budgets(client: Any) -> dict[str, int]:
     limit is only visible inside a task (``client.run`` runs outside one)."""
     from dkernel.engine.stall import gather
 
+    # the client's settings, checked here (a worker's error named no key); the
+    # fraction travels with the query: one set on the client reached no worker
+    fraction = number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
+    number("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS)
     workers = sorted(client.nthreads())
-    futs = [client.submit(headroom, workers=[w], allow_other_workers=False, pure=False)
+    # allow_other_workers: a worker that retires first (``--lifetime``) is replaced
+    # under another address, and a task held to it waited for ever; another
+    # worker's headroom stands in for it
+    futs = [client.submit(headroom, fraction, workers=[w], allow_other_workers=True, pure=False)
             for w in workers]
     return dict(zip(workers, gather(client, futs, "the workers' memory query")))
 
@@ -135,7 +145,7 @@ def lookup_or_fill(key: Hashable, compute: Callable[[], Any], nbytes: int,
     else None (nothing computed).  ``owner`` names the run asking (None: any
     entry may be evicted, plain LRU)."""
     global _bytes
-    live = float(dask.config.get("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS))
+    live = number("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS)
     with _lock:
         now = time.monotonic()
         if owner is not None:

@@ -79,8 +79,11 @@ class SchedulerUnreachable(ConnectionError):
 
 def _unreachable(address: str, exc: BaseException) -> str:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    source = ("omit --scheduler" if address != configured_scheduler() else
+              "unset DASK_SCHEDULER_ADDRESS" if os.environ.get("DASK_SCHEDULER_ADDRESS") else
+              "remove scheduler-address from the Dask configuration")
     return (f"cannot reach a Dask scheduler at {address!r} ({reason}); start one with "
-            "'dask scheduler' (see deploy/) or omit --scheduler to use a local cluster")
+            f"'dask scheduler' (see deploy/) or {source} to use a local cluster")
 
 
 def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIMEOUT) -> None:
@@ -205,6 +208,15 @@ def worker_timeout() -> float:
     return value
 
 
+def configured_scheduler() -> str | None:
+    """The scheduler address the user configured for Dask: ``$DASK_SCHEDULER_ADDRESS``
+    or ``scheduler-address`` in their Dask configuration (a YAML file in
+    ~/.config/dask), as ``distributed.Client()`` reads it.  The YAML key was
+    ignored: the fit ran on a LocalCluster of the login node, without a word."""
+    return os.environ.get("DASK_SCHEDULER_ADDRESS") or dask.config.get("scheduler-address",
+                                                                       None)
+
+
 def require_workers(client: Client, timeout: float | None = None) -> None:
     """Return once the cluster has a worker; wait (saying so) up to ``timeout``
     seconds (default :func:`worker_timeout`; 0: not at all) when it has none,
@@ -241,7 +253,12 @@ def connect(client: Client | None = None, scheduler: str | None = None,
             upload_package: bool = False) -> Iterator[Client]:
     """Yield a client; anything created here is closed on exit.
 
-    Order: ``client`` if given; else ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``);
+    Called inside a Dask task (a fit submitted as a task: a sweep, a workflow
+    runner) the task's thread leaves its worker's pool while the fit runs, as
+    ``distributed.worker_client`` does: the fit's tasks pinned to that worker
+    waited for the thread the caller held, for ever.
+
+    Order: ``client`` if given; else ``scheduler`` (or :func:`configured_scheduler`);
     else the current default client; else a LocalCluster with one
     single-threaded worker process per core.  ``security`` (a
     ``distributed.Security``, see :func:`make_security`) is used for a
@@ -253,12 +270,37 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     does not); ``upload_package=True`` first sends this client's dkernel to
     workers whose dkernel differs.
     """
+    with _seceded(), _connect(client, scheduler, n_workers, security, upload_package) as c:
+        yield c
+
+
+@contextmanager
+def _seceded() -> Iterator[None]:
+    """Out of the worker's thread pool for the block when called in a task's thread."""
+    from distributed.worker import thread_state
+
+    if getattr(thread_state, "key", None) is None:
+        yield
+        return
+    from distributed import worker_client
+
+    with worker_client():
+        yield
+
+
+@contextmanager
+def _connect(client: Client | None, scheduler: str | None, n_workers: int | None,
+             security: Any, upload_package: bool) -> Iterator[Client]:
     from dkernel.engine.versions import check_workers
 
     if client is not None:
         if getattr(client, "status", "running") in ("closing", "closed"):
             raise ValueError(f"client={client!r} is closed; pass a running Client (or none, "
                              "for a local cluster)")
+        if getattr(client, "asynchronous", False):  # ("'coroutine' object is not iterable")
+            raise ValueError(f"client={client!r} is an asynchronous Client, and a fit blocks: "
+                             "pass a synchronous Client (or run the fit in a thread, with "
+                             "its own Client)")
         require_workers(client)
         check_workers(client, upload=upload_package)
         # as the default inside: distributed.wait() asks for the default client, which
@@ -267,7 +309,7 @@ def connect(client: Client | None = None, scheduler: str | None = None,
         with client.as_current():
             yield client
         return
-    address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    address = scheduler or configured_scheduler()
     if address:
         address = _check_address(address)
         security = _check_tls(address, security)

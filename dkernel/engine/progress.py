@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from dkernel.engine.settings import number
 from dkernel.files import AdviceStream
 
 _lock = threading.RLock()
@@ -62,13 +63,16 @@ def phase(label: str, enabled: bool, stream: TextIO | None = None) -> Iterator[N
     if not enabled:
         yield
         return
+    # (read here, not in the thread: a bad value is the caller's one-line error)
+    every = number("dkernel.progress-heartbeat", 10.0)
     entry = (label, time.perf_counter(), stream or sys.stderr)
     with _lock:
         _phases.append(entry)
         _out["last"] = max(_out["last"], entry[1])  # (silence is counted from here)
-        if not _out["beating"]:
+        if not _out["beating"] and every > 0:  # (0: no heartbeat)
             _out["beating"] = True
-            threading.Thread(target=_beat, name="dkernel-progress", daemon=True).start()
+            threading.Thread(target=_beat, args=(every,), name="dkernel-progress",
+                             daemon=True).start()
     try:
         yield
     finally:
@@ -76,12 +80,9 @@ def phase(label: str, enabled: bool, stream: TextIO | None = None) -> Iterator[N
             _phases.remove(entry)
 
 
-def _beat() -> None:
-    import dask
-
+def _beat(every: float) -> None:
     try:
         while True:
-            every = float(dask.config.get("dkernel.progress-heartbeat", 10.0))
             time.sleep(min(1.0, every / 4))
             with _lock:
                 if not _phases:

@@ -29,7 +29,7 @@ from dask.base import get_scheduler
 from distributed import Client, Future, wait
 
 from dkernel._stack import user_stacklevel
-from dkernel.engine.cluster import worker_timeout, workers_info
+from dkernel.engine.cluster import require_workers, worker_timeout, workers_info
 
 _log = logging.getLogger("dkernel.engine")
 
@@ -149,19 +149,36 @@ def result(client: Client, future: Future, label: str = "the fit") -> Any:
 def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) -> Any:
     """``client.scatter``, saying why when it fails because every worker is paused
     (the scheduler sends data only to running workers, and after its connect
-    timeout raises "No valid workers found")."""
-    try:
-        return client.scatter(data, **kwargs)
-    except TimeoutError as err:
-        workers = _workers(client) or {}
-        paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
-        if not paused:
-            raise
-        first = min(paused)
-        raise WorkersPaused(
-            f"{_where(label)} stopped: no running worker could take its data ({len(paused)} of "
-            f"{len(workers)} paused by Dask's memory guard; {first}: {_held(paused[first])}). "
-            f"{_ADVICE}") from err
+    timeout raises "No valid workers found"), and waiting for a worker when the
+    cluster has none."""
+    for attempt in range(_SCATTER_TRIES):
+        try:
+            return client.scatter(data, **kwargs)
+        except (TimeoutError, OSError) as err:
+            workers = _workers(client) or {}
+            if workers:
+                paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+                if not paused:
+                    raise
+                first = min(paused)
+                raise WorkersPaused(
+                    f"{_where(label)} stopped: no running worker could take its data "
+                    f"({len(paused)} of {len(workers)} paused by Dask's memory guard; {first}: "
+                    f"{_held(paused[first])}). {_ADVICE}") from err
+            if attempt + 1 == _SCATTER_TRIES:
+                raise RuntimeError(
+                    f"{_where(label)} stopped: the cluster's workers left while its data was "
+                    f"sent to them ({type(err).__name__}: {err}); an adaptive cluster must keep "
+                    "a worker while a fit holds data on it: cluster.adapt(minimum=1, ...)"
+                ) from err
+            # no worker: an adaptive cluster scaled to zero, which a scatter (no task)
+            # does not scale up ("No valid workers found" every time); a pending task does
+            require_workers(client)
+    raise AssertionError("unreachable")  # (the last try returns or raises)
+
+
+#: Tries of a scatter that found no worker, each after waiting for one.
+_SCATTER_TRIES = 3
 
 
 # Payloads up to this size travel inside the tasks: measured on Fashion-MNIST

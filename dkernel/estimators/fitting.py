@@ -22,6 +22,7 @@ from dkernel.engine import Engine, connect
 from dkernel.engine import cache as worker_cache
 from dkernel.engine.checkpoint import CACHE, saved_setting
 from dkernel.engine.chunks import worker_rows
+from dkernel.engine.cluster import require_workers
 from dkernel.engine.progress import phase
 from dkernel.estimators.base import resolve_random_state, validate_fit_input
 from dkernel.estimators.history import EpochMonitor, split_validation
@@ -222,7 +223,9 @@ class FitContext:
         est = self.est
         epochs = int(est.n_epochs if n_epochs is None else n_epochs)
         choice = getattr(est, "feature_cache", "auto")
-        nthreads = self.client.nthreads()
+        # (empty while every worker restarts, ``--lifetime``: "auto" then reached the
+        # workers unresolved, a KeyError there)
+        nthreads = self.client.nthreads() or _after_workers(self.client)
         self.keep_chunks = False
         mode = "off" if choice == "auto" and epochs <= 1 else choice
         resumed = self.resumed_setting(CACHE) if choice == "auto" else None
@@ -237,6 +240,7 @@ class FitContext:
             if mode == "auto":
                 mode = next((m for m in ("float32", "fixed16") if fits[m]), "off")
             self.keep_chunks = mode != "off" and fits[mode] and epochs > 1
+        mode = "off" if mode == "auto" else mode
         est.feature_cache_ = mode
         return mode
 
@@ -294,3 +298,9 @@ def warn_if_float32_loses(sample: np.ndarray) -> None:
             f"{lost.size} column(s) lose more than 1% of their spread so; subtract the column "
             "means (e.g. scikit-learn's StandardScaler) before fitting", UserWarning,
             stacklevel=user_stacklevel())
+
+
+def _after_workers(client: Any) -> dict:
+    """The cluster's threads once it has a worker again (:func:`require_workers`)."""
+    require_workers(client)
+    return client.nthreads()

@@ -37,6 +37,7 @@ reaches 0.123.  With n <= D (interpolation) or one step an epoch, no averaging.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -154,7 +155,9 @@ def feature_preconditioner(engine: Any, sample: np.ndarray, features: FeatureMap
                           operator="gram", center=center, random_state=int(random_state),
                           label=label, dtype=dtype, chunked=True)
     finally:  # the sample's blocks are of no use to the fit: free the budget for its own
-        engine.client.run(_forget_sample, rows.X.name)
+        # (best effort: a worker retiring meanwhile failed the fit after 30 s)
+        with contextlib.suppress(OSError, TimeoutError):
+            engine.client.run(_forget_sample, rows.X.name, on_error="ignore")
     beta = float(eig.row_norm_max)
     values = eig.values
     if resolved_only:
