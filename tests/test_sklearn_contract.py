@@ -349,3 +349,31 @@ def test_a_second_fit_of_one_estimator_from_another_thread_is_refused(client):
     assert errors == [est] and est.n_features_in_ == 8 and est.random_state_ == 1
     assert est.predict(X[:5]).shape == (5,)
     est.set_params(n_epochs=1).fit(X[:500], y[:500])  # and once it is done, fits again
+
+
+def test_pandas_output_of_a_lazy_transform_is_refused_instead_of_computed(client):
+    # set_output / set_config(transform_output="pandas") wrapped the lazy scores in a
+    # DataFrame: every row of a dask array or store computed into client memory
+    import dask.array as da
+    import pandas as pd
+    import sklearn
+
+    from dkernel import StreamingKernelPCA
+
+    X = np.random.default_rng(0).normal(size=(400, 4))
+    Xd = da.from_array(X, chunks=100)
+    for model in (KernelPCA(2, n_features=64, n_epochs=1, client=client).fit(X),
+                  StreamingKernelPCA(2, n_features=64, client=client).fit(X),
+                  KernelCCA(1, n_features=64, n_epochs=1, init_rows=100,
+                            client=client).fit(X, X[:, :2])):
+        assert isinstance(model.transform(Xd), da.Array)  # lazy, as documented
+        with sklearn.config_context(transform_output="pandas"), pytest.raises(ValueError):
+            model.transform(Xd)
+        model.set_output(transform="pandas")
+        assert isinstance(model.transform(X), pd.DataFrame)
+        with pytest.raises(ValueError, match="transform_output='pandas' would compute every "
+                                             "row of this lazy"):
+            model.transform(Xd)
+        model.set_output(transform="default")  # (the model's own setting wins)
+        with sklearn.config_context(transform_output="pandas"):
+            assert isinstance(model.transform(Xd), da.Array)

@@ -408,6 +408,22 @@ def warn_many_classes(classes: np.ndarray, n_rows: int) -> None:
                       stacklevel=user_stacklevel())
 
 
+def refuse_eager_output(est: Any, X: Any) -> None:
+    """Refuse lazy input to a ``transform`` that scikit-learn's ``set_output``
+    (or ``set_config(transform_output=...)``) wraps in a DataFrame: the wrap
+    computed every row into client memory, a store larger than the client too."""
+    if is_in_memory(X):
+        return
+    import sklearn
+
+    kind = getattr(est, "_sklearn_output_config", {}).get("transform") \
+        or sklearn.get_config()["transform_output"]
+    if kind not in (None, "default"):
+        raise ValueError(f"transform_output={kind!r} would compute every row of this lazy (dask "
+                         "or store) input into a DataFrame in this process: transform an "
+                         "in-memory slice, or set_output(transform='default') for lazy input")
+
+
 def validate_predict_input(est: Any, X: Any, name: str = "X", finite: bool = True) -> Any:
     """X for predict / transform: in-memory input checked by scikit-learn against the
     fitted width and column names; dask arrays and store paths stay lazy.

@@ -12,6 +12,7 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from dkernel.estimators.base import (
     BaseEstimator,
     apply_rows,
+    refuse_eager_output,
     validate_predict_input,
 )
 from dkernel.estimators.components.base import check_rows
@@ -173,6 +174,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """Projections (z(X) - mean_) V, shape (n, n_components); lazy for dask input."""
         self._check_fitted("components_")
         X = validate_predict_input(self, X)
+        refuse_eager_output(self, X)
         payload = {"features": self.features_, "n_blocks": self.n_blocks_}
         dt = self.features_.dtype
         V = self.components_.astype(dt)

@@ -25,6 +25,7 @@ from dkernel.estimators.base import (
     check_not_sparse,
     check_predict_input,
     is_in_memory,
+    refuse_eager_output,
     validate_predict_input,
 )
 from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
@@ -412,6 +413,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         for dask input."""
         self._check_fitted("x_components_")
         X = validate_predict_input(self, X)
+        refuse_eager_output(self, X)
         xs = _scores(self.features_[0], self.x_components_, self.x_mean_, X)
         if y is None:
             return xs

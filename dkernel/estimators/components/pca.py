@@ -9,7 +9,7 @@ import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin
 
 from dkernel.data.dataset import open_dataset
-from dkernel.estimators.base import validate_predict_input
+from dkernel.estimators.base import refuse_eager_output, validate_predict_input
 from dkernel.estimators.components.base import _DOC_POWER_ATTRIBUTES, _ComponentsBase, _scores
 from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
 from dkernel.estimators.spec import documented
@@ -103,6 +103,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         """Scores (n, n_components): projections on the eigenfunctions; lazy for dask input."""
         self._check_fitted("components_")
         X = validate_predict_input(self, X)
+        refuse_eager_output(self, X)
         return _scores(self.features_, self.components_, self.mean_, X)
 
     @one_fit_at_a_time  # (another thread's fit between the fit and the transform)
