@@ -53,11 +53,10 @@ _seen: dict[Hashable, float] = {}
 _DEFAULT_LIVE_SECONDS = 60.0
 
 
-def budget(fraction: float | None = None) -> int:
-    """Bytes this process may hold in the cache: ``fraction`` (default: this
-    process's ``dkernel.cache-fraction``) of its worker's memory limit."""
-    if fraction is None:
-        fraction = number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
+def budget() -> int:
+    """Bytes this process may hold in the cache: its ``dkernel.cache-fraction``
+    of its worker's memory limit."""
+    fraction = number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
     try:
         from distributed import get_worker
 
@@ -71,14 +70,14 @@ def budget(fraction: float | None = None) -> int:
     return int(fraction * limit)
 
 
-def headroom(fraction: float | None = None) -> int:
+def headroom() -> int:
     """Bytes this process can add to the cache before Dask starts spilling:
     :func:`budget`, less what the process already holds beyond its cache when
     that would take it past the worker's spill threshold
     (``distributed.worker.memory.spill`` of the limit).  With a small limit the
     interpreter alone is a third of it (about 200 MB of 600 MB here), and a
     budget of 0.4 of the limit on top made the worker spill its chunks."""
-    room = budget(fraction)
+    room = budget()
     try:
         from distributed import get_worker
 
@@ -99,15 +98,15 @@ def budgets(client: Any) -> dict[str, int]:
     limit is only visible inside a task (``client.run`` runs outside one)."""
     from dkernel.engine.stall import gather
 
-    # the client's settings, checked here (a worker's error named no key); the
-    # fraction travels with the query: one set on the client reached no worker
-    fraction = number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
+    # the client's settings, checked here (a worker's error named no key); each
+    # worker answers with its own, which is what its cache will keep to
+    number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
     number("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS)
     workers = sorted(client.nthreads())
     # allow_other_workers: a worker that retires first (``--lifetime``) is replaced
     # under another address, and a task held to it waited for ever; another
     # worker's headroom stands in for it
-    futs = [client.submit(headroom, fraction, workers=[w], allow_other_workers=True, pure=False)
+    futs = [client.submit(headroom, workers=[w], allow_other_workers=True, pure=False)
             for w in workers]
     return dict(zip(workers, gather(client, futs, "the workers' memory query")))
 
