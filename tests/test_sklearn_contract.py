@@ -374,6 +374,12 @@ def test_pandas_output_of_a_lazy_transform_is_refused_instead_of_computed(client
         with pytest.raises(ValueError, match="transform_output='pandas' would compute every "
                                              "row of this lazy"):
             model.transform(Xd)
+        if not isinstance(model, StreamingKernelPCA):  # (its fit_transform is the mixin's)
+            fitted = model.n_features_in_
+            with pytest.raises(ValueError, match="would compute every row"):
+                model.fit_transform(Xd, Xd[:, :2]) \
+                    if isinstance(model, KernelCCA) else model.fit_transform(Xd)
+            assert model.n_features_in_ == fitted
         model.set_output(transform="default")  # (the model's own setting wins)
         with sklearn.config_context(transform_output="pandas"):
             assert isinstance(model.transform(Xd), da.Array)

@@ -100,7 +100,8 @@ def cluster_options(args: argparse.Namespace) -> dict:
         raise ValueError("--upload-package sends dkernel to the workers of a cluster at "
                          "--scheduler; the embedded LocalCluster runs this dkernel already: "
                          "drop it or pass --scheduler tcp://HOST:PORT")
-    return {"scheduler": args.scheduler, "n_workers": args.workers,
+    # (a command has no current client to prefer: the configuration's address is its own)
+    return {"scheduler": address, "n_workers": args.workers,
             "upload_package": args.upload_package,
             "security": make_security(args.tls_ca_file, args.tls_cert, args.tls_key)}
 

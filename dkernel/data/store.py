@@ -110,7 +110,8 @@ def atomic_store(path: str | os.PathLike, overwrite: bool = False) -> Iterator[A
                 raise
             # (it named no file, or the temporary store's chunk)
             raise OSError(e.errno, f"store {path!r} could not be written: {e.strerror or e}; "
-                                   "nothing was left at that path") from e
+                                   "its partial copy was removed, and what was at that path "
+                                   "before is as it was") from e
         if overwrite and os.path.exists(path):
             shutil.rmtree(path)
         try:

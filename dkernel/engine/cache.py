@@ -95,20 +95,38 @@ def headroom() -> int:
 
 def budgets(client: Any) -> dict[str, int]:
     """Each worker's :func:`headroom`, asked as a task on it: the worker's memory
-    limit is only visible inside a task (``client.run`` runs outside one)."""
-    from dkernel.engine.stall import gather
+    limit is only visible inside a task (``client.run`` runs outside one).  A
+    worker that leaves first (``--lifetime`` restarts it under another address,
+    where its query, held to the old one, would wait for ever) is left out."""
+    from dkernel.engine.cluster import require_workers
+    from dkernel.engine.stall import PauseWatch, gather, wait_on
 
     # the client's settings, checked here (a worker's error named no key); each
     # worker answers with its own, which is what its cache will keep to
     number("dkernel.cache-fraction", _DEFAULT_FRACTION, 0.0, 1.0)
     number("dkernel.cache-live-seconds", _DEFAULT_LIVE_SECONDS)
-    workers = sorted(client.nthreads())
-    # allow_other_workers: a worker that retires first (``--lifetime``) is replaced
-    # under another address, and a task held to it waited for ever; another
-    # worker's headroom stands in for it
-    futs = [client.submit(headroom, workers=[w], allow_other_workers=True, pure=False)
-            for w in workers]
-    return dict(zip(workers, gather(client, futs, "the workers' memory query")))
+    label = "the workers' memory query"
+    while True:
+        futs = {w: client.submit(headroom, workers=[w], allow_other_workers=False, pure=False)
+                for w in sorted(client.nthreads())}
+        watch = PauseWatch(client, label)
+        while futs:
+            try:
+                wait_on(client, list(futs.values()), timeout=_QUERY_CHECK_SECONDS)
+                break
+            except TimeoutError:
+                alive = set(client.nthreads())
+                for w in [w for w, f in futs.items() if w not in alive and not f.done()]:
+                    futs.pop(w).cancel()
+                pending = [f for f in futs.values() if not f.done()]
+                watch.check(len(pending), [f.key for f in pending])
+        if futs:
+            return dict(zip(futs, gather(client, list(futs.values()), label)))
+        require_workers(client)  # (every worker left: ask those that came instead)
+
+
+#: Seconds between checks that the workers asked still belong to the cluster.
+_QUERY_CHECK_SECONDS = 5.0
 
 
 def _evictable(owner: Hashable | None, entry_owners: frozenset, now: float,

@@ -77,16 +77,15 @@ class SchedulerUnreachable(ConnectionError):
     """No Dask scheduler answered at the address given (before any work)."""
 
 
-def _unreachable(address: str, exc: BaseException) -> str:
+def _unreachable(address: str, exc: BaseException, origin: str = "omit --scheduler") -> str:
+    """``origin``: how to stop asking for ``address`` (where it was given)."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    source = ("omit --scheduler" if address != configured_scheduler() else
-              "unset DASK_SCHEDULER_ADDRESS" if os.environ.get("DASK_SCHEDULER_ADDRESS") else
-              "remove scheduler-address from the Dask configuration")
     return (f"cannot reach a Dask scheduler at {address!r} ({reason}); start one with "
-            f"'dask scheduler' (see deploy/) or {source} to use a local cluster")
+            f"'dask scheduler' (see deploy/) or {origin} to use a local cluster")
 
 
-def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIMEOUT) -> None:
+def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIMEOUT,
+                     origin: str = "omit --scheduler") -> None:
     """Connect to ``address`` and ask for its identity, all within ``timeout``:
     a port that accepts and never answers held ``Client()`` for ever (its
     timeout does not cover the handshake), and one that answers HTTP made it
@@ -139,7 +138,7 @@ def _probe_scheduler(address: str, security: Any, timeout: float = _CONNECT_TIME
         # (a timeout or a refusal: not the closed stream a TLS scheduler gives plain tcp)
         hint = ("; a scheduler serving TLS needs a tls:// address"
                 if address.startswith("tcp://") and "Timed out" not in str(exc) else "")
-        raise SchedulerUnreachable(_unreachable(address, exc) + hint)
+        raise SchedulerUnreachable(_unreachable(address, exc, origin) + hint)
     if exc is not None and not isinstance(exc, (MemoryError, ValueError, EOFError)):
         # the transport itself failed (ucx:// without its library), before any answer
         raise SchedulerUnreachable(f"cannot connect to {address} ({type(exc).__name__}: {exc})")
@@ -217,6 +216,16 @@ def configured_scheduler() -> str | None:
                                                                        None)
 
 
+def _origin(address: str | None) -> str:
+    """How to stop asking for ``address``, by where it was given (the CLI passes the
+    configuration's as its scheduler)."""
+    if address and address == os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        return "unset DASK_SCHEDULER_ADDRESS"
+    if address and address == dask.config.get("scheduler-address", None):
+        return "remove scheduler-address from the Dask configuration"
+    return "omit --scheduler"
+
+
 def require_workers(client: Client, timeout: float | None = None) -> None:
     """Return once the cluster has a worker; wait (saying so) up to ``timeout``
     seconds (default :func:`worker_timeout`; 0: not at all) when it has none,
@@ -258,8 +267,9 @@ def connect(client: Client | None = None, scheduler: str | None = None,
     ``distributed.worker_client`` does: the fit's tasks pinned to that worker
     waited for the thread the caller held, for ever.
 
-    Order: ``client`` if given; else ``scheduler`` (or :func:`configured_scheduler`);
-    else the current default client; else a LocalCluster with one
+    Order: ``client`` if given; else ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``);
+    else the current default client; else ``scheduler-address`` of the Dask
+    configuration (a YAML file, as ``Client()`` reads it); else a LocalCluster with one
     single-threaded worker process per core.  ``security`` (a
     ``distributed.Security``, see :func:`make_security`) is used for a
     ``tls://`` scheduler; without it the Dask configuration's TLS settings are.
@@ -309,32 +319,36 @@ def _connect(client: Client | None, scheduler: str | None, n_workers: int | None
         with client.as_current():
             yield client
         return
-    address = scheduler or configured_scheduler()
+    address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    origin = _origin(address)
+    if not address:
+        try:
+            from distributed import get_client
+
+            current = get_client()
+        except ValueError:
+            current = None
+        if current is not None:  # (before the configuration's address, as Client() does)
+            require_workers(current)
+            check_workers(current, upload=upload_package)
+            yield current
+            return
+        address = dask.config.get("scheduler-address", None)
+        origin = _origin(address)
     if address:
         address = _check_address(address)
         security = _check_tls(address, security)
-        _probe_scheduler(address, security)  # Client() itself can wait for ever
+        _probe_scheduler(address, security, origin=origin)  # Client() can wait for ever
         try:
             c = Client(address, timeout=f"{_CONNECT_TIMEOUT}s", security=security)
         except OSError as exc:
-            raise SchedulerUnreachable(_unreachable(address, exc)) from None
+            raise SchedulerUnreachable(_unreachable(address, exc, origin)) from None
         try:
             require_workers(c)
             check_workers(c, upload=upload_package)
             yield c
         finally:
             c.close()
-        return
-    try:
-        from distributed import get_client
-
-        current = get_client()
-    except ValueError:
-        current = None
-    if current is not None:
-        require_workers(current)
-        check_workers(current, upload=upload_package)
-        yield current
         return
     # Worker-side failures (bad input found on a worker) reach the caller as
     # exceptions; the workers' own log lines would only repeat them.  Its
@@ -486,8 +500,9 @@ def _check_main_rerunnable() -> None:
 
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or getattr(main, "__spec__", None) is not None:
-        return  # (an interactive session, -c, a notebook, or -m: nothing re-run by path)
+    if path is None or getattr(main, "__spec__", None) is not None or getattr(sys, "frozen",
+                                                                              False):
+        return  # (an interactive session, -c, a notebook, -m or a frozen app: no path re-run)
     origin = multiprocessing.process.ORIGINAL_DIR
     if not os.path.isfile(os.path.join(origin or "", path)):
         raise RuntimeError(

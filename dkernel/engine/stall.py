@@ -72,16 +72,18 @@ def wait_running(client: Client, futures: Iterable[Any], label: str = "the fit",
     while True:
         try:
             wait_on(client, pending, timeout=_CHECK_SECONDS, return_when=when)
+            timed_out = False
         except TimeoutError:
-            pending = [f for f in pending if not f.done()]
-            watch.check(len(pending), [f.key for f in pending])
-            continue
-        if on_done is None:
-            return
+            timed_out = True
         left = [f for f in pending if not f.done()]
-        on_done(len(pending) - len(left))
-        if not left or any(f.status == "error" for f in pending):
+        if on_done is not None:  # (those that finished as the wait timed out count too)
+            on_done(len(pending) - len(left))
+            if any(f.status == "error" for f in pending):
+                return
+        if not left or (not timed_out and on_done is None):
             return
+        if timed_out:
+            watch.check(len(left), [f.key for f in left])
         pending = left
 
 
@@ -155,7 +157,9 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
         try:
             return client.scatter(data, **kwargs)
         except (TimeoutError, OSError) as err:
-            workers = _workers(client) or {}
+            workers = _workers(client)
+            if workers is None:  # (the scheduler busy or gone: not a cluster without workers)
+                raise
             if workers:
                 paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
                 if not paused:

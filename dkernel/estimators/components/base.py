@@ -432,6 +432,7 @@ class _TwoViewBase(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         scikit-learn's CCA returns them (TransformerMixin's returned x_scores
         alone, dropping the second view's); y may be omitted for a store whose
         array ``y`` holds the second view."""
+        refuse_eager_output(self, X)  # (before the fit, not after it)
         self.fit(X, y)
         return self.transform(*score_targets(X, y))
 

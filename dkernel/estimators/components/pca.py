@@ -109,6 +109,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
     @one_fit_at_a_time  # (another thread's fit between the fit and the transform)
     def fit_transform(self, X: Any, y: Any = None) -> Any:
         """Fit, then the scores of X (a store path: of its ``X``)."""
+        refuse_eager_output(self, X)  # (before the fit, not after it)
         return self.fit(X).transform(X if not isinstance(X, str) else open_dataset(X).X)
 
     @property
