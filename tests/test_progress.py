@@ -146,11 +146,18 @@ def test_dkernels_own_dask_settings_are_checked_and_a_heartbeat_of_0_is_off(clie
     from dkernel import DSGRegressor
     from dkernel.engine.progress import phase
 
-    out = io.StringIO()
+    out, other = io.StringIO(), io.StringIO()
     with dask.config.set({"dkernel.progress-heartbeat": 0}):
         with phase("fit", True, stream=out):
             time.sleep(0.5)
-    assert out.getvalue() == ""
+    # and where a heartbeat thread already runs (an earlier phase of the process)
+    with dask.config.set({"dkernel.progress-heartbeat": 0.3}):
+        with phase("outer", True, stream=other):
+            time.sleep(0.5)
+            with dask.config.set({"dkernel.progress-heartbeat": 0}):
+                with phase("fit", True, stream=out):
+                    time.sleep(0.8)
+    assert "outer: running" in other.getvalue() and out.getvalue() == ""
     X = np.random.default_rng(0).normal(size=(400, 3))
     for key, value, span in [("dkernel.progress-heartbeat", "abc", "at least 0"),
                              ("dkernel.progress-heartbeat", -1, "at least 0"),

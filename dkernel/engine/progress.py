@@ -16,6 +16,7 @@ before its first line, a CSV ingest for 20 s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -83,10 +84,16 @@ def phase(label: str, enabled: bool, stream: TextIO | None = None) -> Iterator[N
 def _beat(every: float) -> None:
     try:
         while True:
-            time.sleep(min(1.0, every / 4))
+            # re-read: one thread serves every later phase of the process; a value made
+            # bad since keeps the one checked when this thread started
+            with contextlib.suppress(ValueError):
+                every = number("dkernel.progress-heartbeat", 10.0)
+            time.sleep(min(1.0, every / 4) if every > 0 else 0.25)
             with _lock:
                 if not _phases:
                     return
+                if every <= 0:  # (0: no heartbeat)
+                    continue
                 label, t0, stream = _phases[-1]
                 now = time.perf_counter()
                 if now - _out["last"] >= every:
