@@ -63,8 +63,8 @@ def load_model(path: str | os.PathLike) -> Any:
     params = {k: v for k, v in meta["params"].items() if k not in _NOT_RESTORED}
     try:
         est = cls(**params)
-        # the parameters against the class's declarations: a classifier's state
-        # relabelled DSGRegressor (loss="hinge") loaded and failed only at predict
+        # the parameters against the class's declarations, as a fit checks them:
+        # a hand-edited value loaded and failed (or misbehaved) only at predict
         est._check_params()
         est._set_model_state(arrays, meta)
     except KeyError as exc:  # a damaged or hand-edited file ("dkernel: error: 'coef'")
