@@ -147,9 +147,25 @@ def test_csv_read_in_byte_ranges_equals_the_serial_reader_and_keeps_integer_labe
     gp, gs = zarr.open_group(out, mode="r"), zarr.open_group(serial, mode="r")
     np.testing.assert_array_equal(gp["X"][:], gs["X"][:])
     np.testing.assert_array_equal(gp["X"][:], X)
-    assert gp["y"].dtype.kind == "i"  # the serial reader stores float32 labels
+    assert gp["y"].dtype == gs["y"].dtype == np.int32  # as the serial reader types them
     np.testing.assert_array_equal(gp["y"][:], y)
     assert gp["X"].chunks == (300, 4)
+
+
+def test_parallel_and_serial_csv_ingest_type_labels_alike(client, tmp_path):
+    # "0.000000" labels were float64 in parallel and int32 in serial ingest (a
+    # classifier's classes_ and predictions then floats or ints by a speed flag)
+    for labels, expected in ((["0.000000", "1.000000", "2.000000"], np.int32),
+                             (["0", "1", "2"], np.int32), (["0.5", "1", "2"], np.float64),
+                             (["3000000000", "-1", "7"], np.int64)):
+        path = tmp_path / "l.csv"
+        path.write_text("a,label\n" + "".join(f"{i},{v}\n" for i, v in enumerate(labels * 40)))
+        kw = dict(target="label", overwrite=True)
+        par = ingest_csv_parallel(path, tmp_path / "p.zarr", client=client, blocksize=256, **kw)
+        ser = ingest_csv(path, tmp_path / "s.zarr", **kw)
+        yp, ys = (zarr.open_group(o, mode="r")["y"][:] for o in (par, ser))
+        assert yp.dtype == ys.dtype == expected, (labels, yp.dtype, ys.dtype)
+        np.testing.assert_array_equal(yp, ys)
 
 
 def test_cli_parallel_csv_without_header_and_no_target(client, tmp_path, capsys):

@@ -31,7 +31,7 @@ from dkernel.data.ingest.common import (
     target_column,
 )
 from dkernel.data.ingest.parallel import as_dtype, gather_counted, on_cluster, table_columns
-from dkernel.data.ingest.writer import Source, write_stores
+from dkernel.data.ingest.writer import Source, label_dtype, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
 
 # A CSV partition is one byte range of the file; 64 MB keeps tasks coarse
@@ -227,7 +227,8 @@ def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                         blocksize: int = _CSV_BLOCK, progress: Any = None) -> str:
     """Ingest a large CSV file on the workers, one byte range per task.
 
-    Parameters are those of :func:`ingest_csv` (``header`` None: detected from
+    Labels are typed as :func:`ingest_csv`'s "auto" types them.  Parameters
+    are those of :func:`ingest_csv` (``header`` None: detected from
     the first line) plus ``client``, the ``distributed.Client`` of the cluster
     that reads and writes (default: the current client; or ``scheduler``, an
     address to connect to for this call), ``blocksize``, the bytes per
@@ -302,13 +303,15 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
                               "drop it before ingesting")
     dtype = np.dtype(dtype)
     chunk_rows = default_chunk_rows(len(x_cols), dtype, chunk_rows)
-    # Row counts per partition (a parsing pass): zarr chunks must start at known rows.
+    # Row counts per partition (a parsing pass): zarr chunks must start at known rows;
+    # the same pass types the labels as the serial reader does (label_dtype)
     try:
-        counts = client.compute([dask.delayed(len)(part) for part in ddf.to_delayed()])
-        lengths = tuple(int(v) for v in gather_counted(client, counts, progress,
-                                                       "parts counted"))
+        counts = client.compute([dask.delayed(_rows_and_labels)(part, t)
+                                 for part in ddf.to_delayed()])
+        parts = gather_counted(client, counts, progress, "parts counted")
     except ValueError as exc:
         raise _type_change(path, exc) from None
+    lengths = tuple(int(p[0]) for p in parts)
     n = int(sum(lengths))
     if n == 0:
         raise IngestError(f"{path}: no data rows; nothing to ingest")
@@ -317,12 +320,23 @@ def _ingest_frame(ddf: Any, path: str, out: str | os.PathLike, target: Any, dtyp
     y = None
     if t is not None:
         y_dtype = np.dtype(ddf[t].dtype)
-        if y_dtype.kind == "b":
-            y_dtype = np.dtype("int8")
+        y_dtype = np.dtype("int8") if y_dtype.kind == "b" else label_dtype(
+            all(p[1] for p in parts), min(p[2] for p in parts), max(p[3] for p in parts))
         y = ddf[t].to_dask_array(lengths=lengths)
         y = y.map_blocks(as_dtype, y_dtype, path, [t], dtype=y_dtype)
     return write_arrays(client, out, {"X": X, "y": y}, chunk_rows, overwrite=overwrite,
                         attrs=attrs, progress=progress)
+
+
+def _rows_and_labels(part: Any, target: Any) -> tuple[int, bool, float, float]:
+    """(rows, whether every label is a whole number, the least, the greatest) of a
+    partition (0.0 for both when not every label is whole: they are not used)."""
+    if target is None or len(part) == 0:
+        return len(part), True, 0.0, 0.0
+    y = np.asarray(part[target], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        whole = bool(np.all(np.isfinite(y) & (y == np.round(y))))
+    return len(part), whole, float(y.min()) if whole else 0.0, float(y.max()) if whole else 0.0
 
 
 class _TypeChange(IngestError):

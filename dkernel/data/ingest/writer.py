@@ -121,9 +121,7 @@ def _write_blocks(group: Any, src: Source, chunk_rows: int | None, dtype: Any,
     if n == 0:
         raise IngestError(f"{src.attrs.get('source')}: no data rows; nothing to ingest")
     if y is not None and src.y_auto:
-        info = np.iinfo(np.int32)
-        final = (np.dtype("float64") if not (whole and -2.0**63 <= lo and hi < 2.0**63) else
-                 np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
+        final = label_dtype(whole, lo, hi)
         out = create_array(group, "y", (n, *src.y_tail), final, chunk_rows)
         for a in range(0, n, chunk_rows):
             block = _finite(y[a:a + chunk_rows], final, a, "y", src)
@@ -152,3 +150,14 @@ def _remove_empty(folders: list[str]) -> None:
             os.rmdir(d)
         except OSError:
             return
+
+
+def label_dtype(whole: bool, lo: float, hi: float) -> np.dtype:
+    """The dtype of labels read as text: int32 when every one is a whole number
+    within int32 (``lo`` / ``hi``: the least and greatest), int64 within int64,
+    else float64 -- for the serial and the parallel CSV reader alike (the
+    parallel one stored "0.000000" labels as float64 and "0" as int64, so one
+    file gave two kinds of model by a speed flag)."""
+    info = np.iinfo(np.int32)
+    return (np.dtype("float64") if not (whole and -2.0**63 <= lo and hi < 2.0**63) else
+            np.dtype("int32") if info.min <= lo and hi <= info.max else np.dtype("int64"))
