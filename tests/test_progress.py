@@ -153,7 +153,7 @@ def test_dkernels_own_dask_settings_are_checked_and_a_heartbeat_of_0_is_off(clie
     # and where a heartbeat thread already runs (an earlier phase of the process)
     with dask.config.set({"dkernel.progress-heartbeat": 0.3}):
         with phase("outer", True, stream=other):
-            time.sleep(0.5)
+            time.sleep(1.3)  # (a few heartbeats of 0.3 s, on a loaded machine too)
             with dask.config.set({"dkernel.progress-heartbeat": 0}):
                 with phase("fit", True, stream=out):
                     time.sleep(0.8)
