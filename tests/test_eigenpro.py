@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -625,6 +626,12 @@ def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client, tmp_
     # it carries is the 2.4 MB of X blocks
     graph = pickle.dumps(dict(lazy.__dask_graph__()))
     assert len(graph) < Xd.nbytes + model.centers_.nbytes / 10
+    # computed without that client (closed, or another scheduler) Dask stops
+    # before any dkernel code runs; the key it names says what to do (it was
+    # "Missing dependency dict-13c1c5945b...")
+    with dask.config.set(scheduler="sync"), pytest.raises(
+            ValueError, match="Missing dependency dkernel-model-.*-compute-with-its-client-open"):
+        lazy.compute()
     # with no cluster at all (a saved model, dask's threaded scheduler) they are
     # embedded, and the lazy prediction still computes
     model.save(tmp_path / "ep.npz")

@@ -18,6 +18,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse
 import sklearn.base
+from dask.base import tokenize
 from sklearn.exceptions import NotFittedError  # what every estimator raises before fit
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
@@ -510,8 +511,11 @@ def graph_value(value: dict) -> Any:
         except ValueError:  # no distributed client: nothing to scatter to
             client = None
         if client is not None and client.status == "running":
-            # wrapped in a list: scatter would split a dict into one future per key
-            return scatter(client, [value], hash=True)[0]
+            # under a key that says what to do: the graph computed without this
+            # client (closed, or dask.config scheduler="sync") fails in Dask's
+            # words, "Missing dependency <key>", before any dkernel code runs
+            key = f"dkernel-model-{tokenize(value)}-compute-with-its-client-open"
+            return scatter(client, {key: value})[key]
     return dask.delayed(value, pure=True)
 
 
