@@ -5,6 +5,9 @@ only once no task writes into it any more, and it is never shared."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -42,6 +45,61 @@ def test_a_failed_write_returns_only_when_no_task_writes_any_more(client, tmp_pa
     time.sleep(1.5)  # longer than a task: anything still running would have written
     assert sorted(os.listdir(tmp_path)) == written
     assert len(written) < 7, "the outstanding tasks were cancelled, not run"
+
+
+def _slow_rows(block):
+    time.sleep(60)
+    return block
+
+
+def test_a_write_whose_workers_are_all_lost_stops_and_leaves_nothing(tmp_path, monkeypatch):
+    # a prediction (ingest, make-store) whose workers were all lost waited for
+    # ever on its write tasks, where a fit stops after DKERNEL_WORKER_TIMEOUT
+    import logging
+
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    from dkernel.data import store
+    from dkernel.data.store import write_arrays
+
+    monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
+    monkeypatch.setattr(store, "_CHECK_SECONDS", 0.3, raising=False)
+    X = da.from_array(np.ones((40, 2), np.float32), chunks=10).map_blocks(
+        _slow_rows, meta=np.empty((0, 0), np.float32))  # (no meta: dask calls it to learn one)
+    out = tmp_path / "p.zarr"
+    with LocalCluster(n_workers=0, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+        for progress in (None, _NoBar):
+            # a worker without a nanny, killed: lost, as a node that goes down
+            worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                       cluster.scheduler_address, "--no-nanny", "--nthreads",
+                                       "1", "--no-dashboard"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                c.wait_for_workers(1, timeout=60)
+                threading.Timer(1.0, worker.kill).start()
+                t0 = time.monotonic()
+                with pytest.raises(RuntimeError, match=f"^writing '{out}' stopped: the cluster "
+                                                       "has had no workers for .* "
+                                                       "DKERNEL_WORKER_TIMEOUT"):
+                    write_arrays(c, out, {"X": X}, 10, progress=progress)
+                assert time.monotonic() - t0 < 25
+                assert os.listdir(tmp_path) == []
+            finally:
+                worker.kill()
+                worker.wait(30)
+
+
+class _NoBar:
+    def __init__(self, total, unit):
+        pass
+
+    def update(self):
+        pass
+
+    def close(self):
+        pass
 
 
 def test_two_writes_in_one_process_get_their_own_temporary_stores(tmp_path):

@@ -7,6 +7,7 @@ on a failure stops them all before the temporary store is removed;
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dkernel._stack import user_stacklevel
+from dkernel._workers import NoWorkersWatch, workers_or_none
 from dkernel.data.dataset import EVERY_CHUNK_WRITTEN
 from dkernel.data.validate import (
     check_memory_visible,
@@ -350,6 +352,7 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
     the path."""
     import dask.array as da
 
+    label = f"writing {os.fspath(path)!r}"
     with atomic_store(path, overwrite) as group:
         require_shared(client, group, path)
         sources, targets = [], []
@@ -360,7 +363,7 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
                 # the arrays' row chunks align, so no two tasks write one zarr chunk
                 sources.append(a.rechunk(targets[-1].chunks))
         if progress is None:
-            run_writes(client, da.store(sources, targets, lock=False, compute=False))
+            run_writes(client, da.store(sources, targets, lock=False, compute=False), label=label)
         else:  # one graph, one small result a chunk of rows, so each one's end is seen
             # (a collection a chunk built 5000 graphs: twice the client time)
             done = da.map_blocks(_write_rows, *[s if s.ndim == 2 else s[:, None] for s in sources],
@@ -369,13 +372,18 @@ def write_arrays(client: Any, path: str | os.PathLike, arrays: dict[str, Any], c
             futures = client.futures_of(client.persist(done))
             bar = progress(len(futures), unit="chunks")
             try:
-                run_writes(client, futures, each=lambda _: bar.update())
+                run_writes(client, futures, each=lambda _: bar.update(), label=label)
             finally:
                 bar.close()
         group.attrs.update(attrs or {})
     return os.fspath(path)
 
 
+#: Seconds between looks at the cluster while a write's tasks run
+_CHECK_SECONDS = 5.0
+#: Seconds between polls of a write's finished tasks
+_POLL_SECONDS = 0.05
+_log = logging.getLogger("dkernel.data")
 #: Seconds a failed write waits for its tasks already running on workers
 #: (they cannot be interrupted) before the temporary store is removed anyway.
 #: An ingest task writes about 64 MB of chunks, a prediction or make-store
@@ -391,7 +399,7 @@ _SETTLE_QUIET = 0.5
 _MAY_RUN = ("ready", "constrained", "waiting")
 
 
-def run_writes(client: Any, work: Any, each: Any = None) -> Any:
+def run_writes(client: Any, work: Any, each: Any = None, label: str = "writing the store") -> Any:
     """Run tasks that write a temporary store on the cluster; their results.
 
     ``work``: futures already submitted (``client.map`` / ``client.submit``),
@@ -403,7 +411,10 @@ def run_writes(client: Any, work: Any, each: Any = None) -> Any:
     :data:`SETTLE_TIMEOUT` s) before the error is raised, so the caller's
     :func:`atomic_store` removes a temporary store nothing writes into any
     more.  Raising at the first error, as ``client.gather`` does, left the
-    other tasks writing chunks into it after it was removed.
+    other tasks writing chunks into it after it was removed.  A cluster that
+    has had no worker for ``$DKERNEL_WORKER_TIMEOUT`` s stops the write
+    (``label`` opens that message): a prediction or an ingest whose workers
+    were all lost waited for ever.
     """
     from distributed import Future, as_completed
 
@@ -412,12 +423,24 @@ def run_writes(client: Any, work: Any, each: Any = None) -> Any:
         futures = list(work)
     else:
         futures = client.compute(list(work) if many else [work])
+    lost = NoWorkersWatch(label, _log)
     try:
         # on this client's loop: as_completed would ask for the default client
-        for f in as_completed(futures, loop=client.loop):
-            f.result()  # the first failure raises
-            if each is not None:
-                each(f)
+        finished = as_completed(futures, loop=client.loop)
+        look_at = time.monotonic() + _CHECK_SECONDS
+        while not finished.is_empty():
+            batch = finished.next_batch(block=False)
+            for f in batch:
+                f.result()  # the first failure raises
+                if each is not None:
+                    each(f)
+            if not batch:  # (polled: as_completed's own wait cannot time out and look)
+                if time.monotonic() >= look_at:
+                    workers = workers_or_none(client)
+                    if workers is not None:
+                        lost.check(workers, finished.count())
+                    look_at = time.monotonic() + _CHECK_SECONDS
+                time.sleep(_POLL_SECONDS)
         results = client.gather(futures)
     except BaseException:
         _settle(client, futures)

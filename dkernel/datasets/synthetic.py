@@ -94,6 +94,6 @@ def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int 
             require_shared(client, group, path)
             # a failed chunk fails the whole store (nothing is renamed)
             run_writes(client, [client.submit(_write_chunk, *a, pure=False) for a in args],
-                       each=lambda _: bar.update(1))
+                       each=lambda _: bar.update(1), label=f"writing {os.fspath(path)!r}")
         bar.close()
     return os.fspath(path)

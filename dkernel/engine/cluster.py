@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -17,6 +16,9 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 from distributed.deploy.spec import SpecCluster
+
+# (re-exported: the engine's callers and tests import them from here)
+from dkernel._workers import WORKER_TIMEOUT, worker_timeout, workers_info  # noqa: F401
 
 # What a client needs to reach a tls:// scheduler, as CLI flags and as the
 # Dask configuration keys (environment variables) distributed.Security reads.
@@ -179,32 +181,8 @@ def _check_tls(address: str, security: Any) -> Any:
     return security
 
 
-#: Seconds a fit waits for a cluster that has no worker before it stops
-#: (``$DKERNEL_WORKER_TIMEOUT`` overrides it): long enough for a pod or a batch
-#: job to start, short of the silent wait for ever that Dask's tasks would do.
-WORKER_TIMEOUT = 300.0
-
-
 def _nothing() -> None:
     return None
-
-
-def worker_timeout() -> float:
-    """Seconds to wait for a first worker (and, mid-fit, for one after all were
-    lost: :mod:`dkernel.engine.stall`): ``$DKERNEL_WORKER_TIMEOUT`` if set,
-    else :data:`WORKER_TIMEOUT`; a value that is not a number of seconds >= 0
-    stops with an error naming the variable."""
-    raw = os.environ.get("DKERNEL_WORKER_TIMEOUT")
-    if raw is None:
-        return WORKER_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (0 <= value < math.inf):
-        raise ValueError(f"DKERNEL_WORKER_TIMEOUT={raw!r} is not a number of seconds >= 0; "
-                         f"set it to e.g. {WORKER_TIMEOUT:g} (0: do not wait)")
-    return value
 
 
 def configured_scheduler() -> str | None:
@@ -566,13 +544,3 @@ def _close_started(cluster: SpecCluster, wait: float = 30.0) -> None:
         time.sleep(0.1)
     with contextlib.suppress(Exception):
         cluster.close(timeout=10)
-
-
-def workers_info(client: Client) -> dict[str, dict]:
-    """The scheduler's record of every worker now ({address: info}: status,
-    memory, nthreads), asked afresh.  Not ``client.scheduler_info()``: that
-    returns the client's cached identity, which a periodic refresh (distributed
-    2026.8) may replace with one that lists no workers between the fetch and
-    the return -- the kernel-row fill read it as "a worker left the cluster"
-    and fell back to filling per chunk, in 2 runs of 2 at 63 lanes."""
-    return client.sync(client.scheduler.identity, n_workers=-1).get("workers", {})

@@ -29,7 +29,8 @@ from dask.base import get_scheduler
 from distributed import Client, Future, wait
 
 from dkernel._stack import user_stacklevel
-from dkernel.engine.cluster import require_workers, worker_timeout, workers_info
+from dkernel._workers import NoWorkersWatch, workers_or_none
+from dkernel.engine.cluster import require_workers
 
 _log = logging.getLogger("dkernel.engine")
 
@@ -157,7 +158,7 @@ def scatter(client: Client, data: Any, label: str = "the fit", **kwargs: Any) ->
         try:
             return client.scatter(data, **kwargs)
         except (TimeoutError, OSError) as err:
-            workers = _workers(client)
+            workers = workers_or_none(client)
             if workers is None:  # (the scheduler busy or gone: not a cluster without workers)
                 raise
             if workers:
@@ -209,15 +210,6 @@ def _nbytes(obj: Any) -> int:
     return 0
 
 
-def _workers(client: Client) -> dict[str, dict] | None:
-    try:
-        return workers_info(client)
-    except (OSError, TimeoutError):  # the scheduler busy or gone: the caller's wait decides
-        # (not every error: distributed < 2025.4's TypeError switched the watchdog
-        # off for good, and a fit on paused workers waited for ever)
-        return None
-
-
 class PauseWatch:
     """Which workers are paused, since when; warns and raises (module docstring).
     ``check(pending)`` is called between timed-out waits with the number of
@@ -229,8 +221,7 @@ class PauseWatch:
         self.warned: set[str] = set()
         self.pending: int | None = None
         self.progress_at = time.monotonic()
-        #: since when the scheduler has listed no worker (None: it has some)
-        self.empty_since: float | None = None
+        self.lost = NoWorkersWatch(_where(label), _log)
         #: checks since the last progress, and in how many each worker was paused
         self.checks = 0
         self.paused_checks: dict[str, int] = {}
@@ -242,10 +233,10 @@ class PauseWatch:
         if self.pending is None or pending < self.pending:
             self.pending, self.progress_at = pending, now
             self.checks, self.paused_checks = 0, {}
-        workers = _workers(self.client)
+        workers = workers_or_none(self.client)
         if workers is None:
             return
-        self._check_some(workers, pending, now)
+        self.lost.check(workers, pending)
         paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
         self.checks += 1
         for a in paused:
@@ -300,24 +291,6 @@ class PauseWatch:
             f"{now - self.progress_at:.0f} s while {len(mostly)} of {len(workers)} workers were "
             f"paused by Dask's memory guard ({first}: {_held(workers.get(first, {}))}). "
             f"{_ADVICE}")
-
-    def _check_some(self, workers: dict, pending: int, now: float) -> None:
-        """Stop when the cluster has had no worker for ``$DKERNEL_WORKER_TIMEOUT``
-        seconds: every worker lost (killed, or dead of an import error in the
-        first task), the tasks waited for ever, and Ctrl-C did not end it."""
-        if workers:
-            self.empty_since = None
-            return
-        if self.empty_since is None:
-            self.empty_since = now
-            _log.warning("%s: the cluster has no workers left; waiting up to %g s for one",
-                         _where(self.label), worker_timeout())
-        waited = now - self.empty_since
-        if waited >= worker_timeout():
-            raise RuntimeError(
-                f"{_where(self.label)} stopped: the cluster has had no workers for {waited:.0f} s "
-                f"(they were lost) and {pending} of its tasks wait; start workers, or set "
-                "DKERNEL_WORKER_TIMEOUT to wait longer")
 
 
 def _executing(dask_worker: Any) -> int:

@@ -115,7 +115,8 @@ def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
                         path=path, pure=False)
         bar = progress(len(futures), unit="tasks") if progress is not None else None
         try:
-            written = sum(run_writes(c, futures, each=bar and (lambda _: bar.update())))
+            written = sum(run_writes(c, futures, each=bar and (lambda _: bar.update()),
+                                     label=f"ingesting into {os.fspath(out)!r}"))
         finally:
             if bar is not None:
                 bar.close()
