@@ -167,6 +167,28 @@ def test_fit_from_s3_on_two_workers_then_predict_to_s3(s3, cluster, s3_store, cs
     assert SECRET.encode() not in blob and KEY_ID.encode() not in blob
 
 
+def test_an_s3_copy_short_of_chunks_is_named_instead_of_read_as_zeros(s3, s3_store):
+    # zarr reads a missing chunk as its fill value: a copy cut short (an
+    # interrupted `aws s3 sync`) opened and fitted on zeros without a word,
+    # where a local store's missing chunks were already counted
+    _, fs = s3
+    fs.invalidate_cache()
+    copy = f"{BUCKET}/short.zarr"
+    fs.copy(s3_store.removeprefix("s3://"), copy, recursive=True)
+    for name, lost in (("X", 3), ("y", 1)):
+        chunks = sorted(k for k in fs.find(f"{copy}/{name}") if "/c/" in k)
+        assert len(chunks) == N_ROWS // CHUNK
+        fs.rm(chunks[:lost])
+    fs.invalidate_cache()
+    with pytest.warns(UserWarning) as said:
+        open_dataset(f"s3://{copy}")
+    said = [str(w.message) for w in said]
+    n = N_ROWS // CHUNK
+    assert any(f"s3://{copy}: 3 of the {n} chunks of its array 'X' are not stored" in m
+               and "incomplete copy" in m for m in said), said
+    assert any(f"1 of the {n} chunks of its array 'y' are not stored" in m for m in said), said
+
+
 def _dkernel(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "dkernel", *args], stdout=fh,

@@ -144,7 +144,7 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
         else None
     where = url if local is None else os.path.abspath(local)  # ./s.zarr is s.zarr
     stamp: Any = None
-    chunks: int | None = None  # chunk files found (local stores: check_chunks_present)
+    chunks: int | None = None  # chunk files found (check_chunks_present)
     try:
         # X's every chunk (workers cache blocks derived from them); y's metadata
         # only: nothing is cached under y's name, and its walk doubled the cost
@@ -161,10 +161,17 @@ def _from_store(group: Any, name: str, url: str, storage_options: dict | None) -
             import fsspec
 
             fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            stamp = _fs_stamp(fs, f"{root.rstrip('/')}/{name}", chunks=name == "X")
+            prefix = f"{root.rstrip('/')}/{name}"
+            # one LIST of the array's objects stamps X and counts the chunks of
+            # both: a missing chunk reads as zeros (an interrupted `aws s3 sync`
+            # fitted without a word); y's stamp stays its metadata
+            listed = _fs_call(fs, "find", prefix, detail=True)
+            stamp = _fs_stamp(fs, prefix, listed if name == "X" else {})
+            if listed:  # (empty: a file system that cannot list; nothing to count)
+                chunks = sum(bool(_CHUNK_FILE.match(k.rsplit("/", 1)[-1])) for k in listed)
     except (ImportError, OSError, ValueError):
         stamp = None  # no file system record: the path and metadata alone name it
-    if local is not None:  # (an object store's LIST of every chunk is not paid for this)
+    if local is not None or chunks is not None:
         check_chunks_present(arr, name, where, os.path.join(where, name), chunks)
     token = tokenize(where, name, arr.shape, str(arr.dtype), arr.chunks, stamp)
     return da.from_zarr(arr, name=f"from-zarr-{token}")
@@ -229,11 +236,13 @@ _MOST_MISSING = 1_000_000
 EVERY_CHUNK_WRITTEN = "dkernel_every_chunk_written"
 
 
-def _fs_stamp(fs: Any, prefix: str, chunks: bool = True) -> str:
+def _fs_stamp(fs: Any, prefix: str, files: dict | None = None) -> str:
     """A digest of the modification records of an array's objects under
-    ``prefix`` on an fsspec file system (its metadata alone without ``chunks``,
-    or where the file system cannot list)."""
-    files = _fs_call(fs, "find", prefix, detail=True) if chunks else {}
+    ``prefix`` on an fsspec file system: ``files``, its listing
+    (``fs.find(prefix, detail=True)``; None: listed here); its metadata alone
+    where that is empty (y, or a file system that cannot list)."""
+    if files is None:
+        files = _fs_call(fs, "find", prefix, detail=True)
     if not files:
         files = {m: _fs_call(fs, "info", f"{prefix}/{m}") for m in ("zarr.json", ".zarray")
                  if _fs_call(fs, "exists", f"{prefix}/{m}")}
