@@ -5,6 +5,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
+from scipy.spatial.distance import pdist
 
 from dkernel import DSGClassifier, DSGRegressor, load_model
 from dkernel.datasets import make_blobs_classification, make_dai_ridge
@@ -565,3 +566,38 @@ def test_a_per_output_step_size_passed_back_reproduces_the_fit(client):
         DSGRegressor(step_size=[1.0, 2.0, 3.0], n_features=64, client=client).fit(X, Y)
     with pytest.raises(ValueError, match=r"step_size must be .*a list of them.*got array"):
         DSGRegressor(step_size=np.array([1.0, 2.0])).fit(X, Y)
+
+
+def test_a_model_file_keeps_the_resolved_settings(client, tmp_path):
+    # the resolved settings survive a model file (step_size_ was droppable)
+    from dkernel.io import load_model, save_model
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = np.sin(X[:, 0])
+    m = DSGRegressor(n_features=64, n_epochs=1, client=client).fit(X, y)
+    save_model(m.set_params(client=None), tmp_path / "m.npz")
+    back = load_model(tmp_path / "m.npz")
+    for name in ("step_size_", "lanes_", "batch_size_", "feature_cache_"):
+        assert getattr(back, name) == getattr(m, name), name
+
+
+def test_average_true_returns_the_averaged_iterate(client):
+    # average=True reaches the estimator (the older test drives DSGProgram only)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
+    a, b = (DSGRegressor(n_features=128, n_epochs=2, preconditioner=None, batch_size=32,
+                         average=avg, random_state=0, client=client).fit(X, y)
+            for avg in (False, True))
+    assert not np.allclose(a.coef_, b.coef_)
+
+
+def test_laplacian_auto_bandwidth_is_the_median_l1_distance(client):
+    # the laplacian's automatic bandwidth is the median L1 distance (the
+    # median heuristic's test covers the gaussian only)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    m = DSGRegressor(kernel="laplacian", n_features=64, n_epochs=1, client=client).fit(
+        X, np.sin(X[:, 0]))
+    assert m.bandwidth_ == pytest.approx(np.median(pdist(X, "cityblock")), rel=0.05)

@@ -873,3 +873,14 @@ def test_a_fit_on_small_chunks_takes_the_steps_its_batch_asks_for(client):
     source = _BundleSource(_ChunkSource(client, open_dataset(X, y, chunk_rows=500), "float32"),
                            [(0, 2), (1, 3)])
     assert source.key("X", 0) == ("X", ("bundle", 0, 2)) != ("X", 0)
+
+
+def test_rows_are_reshuffled_inside_every_chunk_each_epoch():
+    # rows are reshuffled inside each chunk every epoch: the older test's
+    # 'order changes' held by the chunk order alone
+    from dkernel.data.plan import ChunkPlan
+
+    plan = ChunkPlan((100, 100, 100, 37), batch_size=64, lanes=2, random_state=3)
+    for c in range(4):
+        assert not np.array_equal(np.concatenate(plan.row_slices(0, c)),
+                                  np.concatenate(plan.row_slices(1, c))), c

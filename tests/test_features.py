@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dkernel import DSGRegressor
 from dkernel.engine.cluster import workers_info
 from dkernel.features import FeatureMap, _weights
 from dkernel.kernels import kernel_matrix
@@ -199,3 +200,15 @@ def test_the_median_heuristic_does_not_depend_on_where_the_data_sits():
     for kernel in ("gaussian", "laplacian"):
         assert median_heuristic(S + 1e8, kernel) == pytest.approx(
             median_heuristic(S, kernel), rel=1e-6)
+
+
+def test_random_state_reaches_the_feature_seeds(client):
+    # random_state reaches the features' seeds (fitting with seed 0 always
+    # passed every other test)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = np.sin(X[:, 0])
+    a, b = (DSGRegressor(n_features=64, n_epochs=1, random_state=s, client=client).fit(X, y)
+            for s in (1, 2))
+    assert (a.features_.random_state, b.features_.random_state) == (1, 2)
+    assert a.features_.weights_digest() != b.features_.weights_digest()

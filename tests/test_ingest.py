@@ -530,3 +530,33 @@ def test_serial_ingest_refuses_nan_and_values_beyond_float32_naming_the_row(tmp_
     np.save(tmp_path / "y.npy", y)
     with pytest.raises(IngestError, match="NaN or infinity in y at data row 4"):
         ingest_npy(tmp_path / "x.npy", tmp_path / "m.zarr", tmp_path / "y.npy")
+
+
+def test_cli_ingest_passes_its_reader_flags(tmp_path):
+    # the reader flags reach the readers through the CLI (none was given to it)
+    from dkernel.cli import main
+
+    def stored(name):
+        g = zarr.open_group(str(tmp_path / name), mode="r")
+        return g["X"][:], (g["y"][:] if "y" in g else None)
+
+    a = (np.arange(24, dtype=np.uint8) * 10).reshape(6, 2, 2)
+    write_idx(tmp_path / "a-ubyte", a)
+    assert main(["ingest", str(tmp_path / "a-ubyte"), "--no-scale", "--out",
+                 str(tmp_path / "i.zarr"), "--quiet"]) == 0
+    assert stored("i.zarr")[0].max() == 230  # --no-scale
+    (tmp_path / "z.svm").write_text("1 0:1.5 1:2\n0 1:3 2:4\n")
+    assert main(["ingest", str(tmp_path / "z.svm"), "--zero-based", "--out",
+                 str(tmp_path / "z.zarr"), "--quiet"]) == 0
+    np.testing.assert_array_equal(stored("z.zarr")[0], [[1.5, 2, 0], [0, 3, 4]])  # --zero-based
+    (tmp_path / "s.txt").write_text('"height, cm";weight;label\n170;60;0\n180;80;1\n')
+    assert main(["ingest", str(tmp_path / "s.txt"), "--format", "csv", "--delimiter", ";",
+                 "--out", str(tmp_path / "s.zarr"), "--quiet"]) == 0
+    X, y = stored("s.zarr")
+    np.testing.assert_array_equal(X, [[170, 60], [180, 80]])  # --delimiter
+    np.testing.assert_array_equal(y, [0, 1])
+    np.save(tmp_path / "X.npy", np.arange(12, dtype=np.float32).reshape(6, 2))
+    np.save(tmp_path / "y.npy", np.array([0, 1, 0, 1, 1, 0]))
+    assert main(["ingest", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--out", str(tmp_path / "n.zarr"), "--quiet"]) == 0
+    np.testing.assert_array_equal(stored("n.zarr")[1], [0, 1, 0, 1, 1, 0])  # --labels

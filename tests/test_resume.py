@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dkernel import DSGClassifier
 from dkernel.cli import main
 from dkernel.data.plan import ChunkPlan
 from dkernel.data.store import write_store
@@ -487,3 +488,37 @@ def test_a_checkpoint_interval_the_fit_never_reaches_is_warned_about(client, tmp
     with pytest.warns(UserWarning, match=r"takes 2 \(2 an epoch\).*checkpoint_every=1 writes"):
         DSGRegressor(checkpoint_every=2, checkpoint=str(tmp_path / "c.npz"),
                      **{**kw, "n_epochs": 1}).fit(X, X[:, 0])
+
+
+def test_a_checkpoint_of_a_store_whose_last_chunk_changed_is_refused(client, tmp_path):
+    # the data check reads more than the first chunk: a store rewritten in its
+    # last chunk only handed the old model back as the new fit
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    kw = dict(n_features=64, block_size=32, n_epochs=2, checkpoint=str(tmp_path / "c.npz"),
+              checkpoint_every=1, resume=True, client=client)
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=200)
+    with pytest.warns(UserWarning, match="no checkpoint at"):
+        DSGClassifier(**kw).fit(store)
+    y2 = y.copy()
+    y2[400:] = 1 - y2[400:]  # the last chunk only
+    write_store(store, X, y2, chunk_rows=200, overwrite=True)
+    with pytest.raises(ValueError, match=r"differs in: data"):
+        DSGClassifier(**kw).fit(store)
+
+
+def test_a_checkpoint_interval_of_one_epoch_writes_at_every_epoch_end(client, tmp_path):
+    # an interval that falls on epoch ends only (the other tests' intervals are
+    # all due mid-epoch too): dropping the epoch-end checkpoint lost every one
+    from dkernel.files import read_npz_meta
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    kw = dict(n_features=64, block_size=32, n_epochs=2, batch_size=64, preconditioner=None,
+              random_state=0, client=client)
+    steps = DSGClassifier(**kw).fit(X, y).history_[0]["steps"]
+    ckpt = tmp_path / "c.npz"
+    DSGClassifier(checkpoint=str(ckpt), checkpoint_every=steps, **kw).fit(X, y)
+    assert ckpt.exists() and read_npz_meta(ckpt)["step"] == 2 * steps

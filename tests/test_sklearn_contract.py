@@ -383,3 +383,13 @@ def test_pandas_output_of_a_lazy_transform_is_refused_instead_of_computed(client
         model.set_output(transform="default")  # (the model's own setting wins)
         with sklearn.config_context(transform_output="pandas"):
             assert isinstance(model.transform(Xd), da.Array)
+
+
+def test_binary_probabilities_follow_classes_and_agree_with_predict(client):
+    # the columns follow classes_: a swap left every shape check passing
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = np.where(X[:, 0] > 0, "yes", "no")
+    clf = DSGClassifier(loss="logistic", n_features=64, n_epochs=2, client=client).fit(X, y)
+    p = clf.predict_proba(X)
+    np.testing.assert_array_equal(clf.classes_[p.argmax(axis=1)], clf.predict(X))

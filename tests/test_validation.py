@@ -450,3 +450,12 @@ def test_a_failed_refit_leaves_the_estimator_unfitted(client, tmp_path):
         model.predict(X)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(model)
+
+
+def test_one_vs_rest_probabilities_sum_to_one(client):
+    # one-vs-rest probabilities are normalised (only softmax's were checked)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
+    clf = DSGClassifier(loss="logistic", n_features=64, n_epochs=1, client=client).fit(X, y)
+    np.testing.assert_allclose(clf.predict_proba(X).sum(axis=1), 1, rtol=1e-6)
