@@ -34,7 +34,7 @@ from dkernel.solvers.dsg import decision
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--steps", type=int, default=1024)
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--block", type=int, default=64)

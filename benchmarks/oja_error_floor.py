@@ -57,7 +57,7 @@ def top_eigenvector(model: StreamingKernelPCA, X: np.ndarray, center: bool) -> n
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--n", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     p.add_argument("--features", type=int, default=256)
     p.add_argument("--chunk", type=int, default=20_000)

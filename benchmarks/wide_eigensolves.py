@@ -25,7 +25,7 @@ from distributed import Client, LocalCluster
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--features", type=int, default=4096)
     ap.add_argument("--pairs", type=int, default=128)
