@@ -8,8 +8,13 @@ in the solvers' own fused row-tile pass (dkernel/solvers/fused.py).  Each
 solver then fits one epoch at its default settings (only ``n_features``
 given) on a synthetic regression store read from disk, and its rows/s (rows
 over the whole fit time, preconditioner and bandwidth included) is printed
-as a percentage of that ceiling, with the held-out R^2 so that speed is
-never bought with a broken model.
+as a percentage of that ceiling at the D the solver fits (``--features``
+rounded up to its block width), with the held-out R^2 so that speed is
+never bought with a broken model.  The ceiling is one pass of one view:
+for the fits that make two passes (KPCA, KSVD) and generate two views
+(KSVD) the line says so and gives the share per pass and view.  A store
+already under ``--data`` is reused only if it has the shape and chunks
+asked for.
 
 By default it then times EigenPro-RF's preconditioner alone on a 1M-row and a
 10M-row store (``--precond-rows``), writing them under ``--data`` if absent
@@ -19,7 +24,7 @@ sizes skips that.  The preconditioner is built as EigenProRegressor builds it
 
     python benchmarks/throughput.py              # 2M x 32 store; 2 workers and 1, two rounds
     python benchmarks/throughput.py --repeat 1             # one timed fit each (quicker, noisier)
-    python benchmarks/throughput.py --rows 200000 --workers 2
+    python benchmarks/throughput.py --rows 200000 --workers 2 --precond-rows   # quick
     python benchmarks/throughput.py --solvers dsg --no-single
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single    # one 2-thread worker
     python benchmarks/throughput.py --workers 1 --threads 2 --no-single --lanes 1
@@ -40,6 +45,54 @@ import os
 import statistics
 import time
 
+#: the estimator class behind each --solvers name
+SOLVERS = {"dsg": "DSGRegressor", "eigenpro": "EigenProRegressor", "kpca": "KernelPCA",
+           "kpca-power": "KernelPCA", "ksvd": "KernelSVD", "ksvd-power": "KernelSVD",
+           "one-class": "DSGOneClassSVM"}
+#: (passes over the rows, views generated a row) of the fits that make more
+#: than one of either: the epoch, then the moments pass that orders the
+#: components (estimators/components/base.py ``_fit_steps``); KernelSVD
+#: generates both views' features for every row in each
+PASSES_VIEWS = {"kpca": (2, 1), "kpca-power": (2, 1), "ksvd": (2, 2), "ksvd-power": (2, 2)}
+
+
+def solver_class(kind: str) -> type:
+    import dkernel
+
+    return getattr(dkernel, SOLVERS[kind])
+
+
+def fitted_features(kind: str, n_features: int) -> int:
+    """The D a solver fits when given ``n_features``: its block width is
+    ``min(block_size, n_features)`` at its default block_size, and D is
+    rounded up to a multiple of it (estimators/fitting.py ``feature_map``,
+    estimators/eigenpro/features.py): EigenPro-RF's 1024-feature blocks turn
+    1536 into 2048."""
+    B = min(int(solver_class(kind)().block_size), n_features)
+    return -(-n_features // B) * B
+
+
+def store_mismatch(path: str, rows: int, inputs: int, chunk_rows: int) -> str | None:
+    """Why the store already at ``path`` is not the one these settings would
+    write (its shape or its row chunks differ), or None when it is.  A store
+    is reused by its name, which need not carry every setting."""
+    import zarr
+
+    X = zarr.open_group(path, mode="r")["X"]
+    if tuple(X.shape) == (rows, inputs) and X.chunks[0] == chunk_rows:
+        return None
+    return (f"{path} holds {X.shape[0]} x {X.shape[1]} rows in chunks of {X.chunks[0]} rows, "
+            f"but these settings ask for {rows} x {inputs} in chunks of {chunk_rows}: "
+            "point this run at another folder, or delete the store to have it rewritten")
+
+
+def store_chunking(path: str) -> dict:
+    """The stored X's real shape and chunks, for the results."""
+    import zarr
+
+    X = zarr.open_group(path, mode="r")["X"]
+    return {"shape": list(X.shape), "chunks": list(X.chunks)}
+
 
 def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> float:
     """Sustained rows/s of the per-row arithmetic on this worker: ``repeats``
@@ -48,7 +101,8 @@ def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> f
     features of every row once, one forward Phi theta and one backward
     Phi^T r, in the solvers' own fused row-tile pass
     (:func:`dkernel.solvers.fused.pool_gradient`, the fastest form we have);
-    no data loading, no coordination."""
+    no data loading, no coordination.  ``n_features`` is the D a solver fits
+    (:func:`fitted_features`), a multiple of 256 or below it."""
     import numpy as np
 
     from dkernel.engine.program import Chunk
@@ -58,7 +112,9 @@ def ceiling_task(n_rows: int, n_inputs: int, n_features: int, repeats: int) -> f
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n_rows, n_inputs)).astype(np.float32)
     y = rng.standard_normal((n_rows, 1)).astype(np.float32)
-    B = 256  # the solvers' default block width
+    # the solvers' default block width; a D that is not a multiple of it is
+    # below it (fitted_features), one block
+    B = 256 if n_features % 256 == 0 else n_features
     fm = FeatureMap("gaussian", 8.0, n_inputs, B)
     theta = (rng.standard_normal((n_features, 1)) * 0.01).astype(np.float32)
 
@@ -159,12 +215,9 @@ def fit_one(kind: str, store: str, test: tuple, n_features: int, client,
     ``repeat`` timed fits (the same model each time: the fit is deterministic)."""
     import numpy as np
 
-    from dkernel import DSGOneClassSVM, DSGRegressor, EigenProRegressor, KernelPCA, KernelSVD
     from dkernel.data import open_dataset
 
-    cls = {"dsg": DSGRegressor, "eigenpro": EigenProRegressor, "kpca": KernelPCA,
-           "kpca-power": KernelPCA, "ksvd": KernelSVD, "ksvd-power": KernelSVD,
-           "one-class": DSGOneClassSVM}[kind]
+    cls = solver_class(kind)
     kw = {"n_features": n_features, "n_epochs": 1, "client": client, "lanes": lanes}
     if kind.startswith(("kpca", "ksvd")):
         kw["n_components"] = 8 if kind.startswith("kpca") else 4
@@ -288,26 +341,42 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
     # its malloc settings)
     with local_cluster(n_workers, threads_per_worker=args.threads,
                        silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        ceiling = measure_ceiling(client, args.inputs, args.features)
-        res = {"workers": n_workers, "ceiling_rows_per_s": ceiling,
+        # the run's ceiling (the 2/1-worker ratio's bound) at the first solver's D
+        D = fitted_features(args.solvers[0], args.features)
+        ceiling = measure_ceiling(client, args.inputs, D)
+        res = {"workers": n_workers, "ceiling_rows_per_s": ceiling, "ceiling_features": D,
                "step_overhead": step_overhead(client)}
         name = f"{n_workers} workers" + (f" x {args.threads} threads" if args.threads > 1 else "")
-        print(f"[{name}] ceiling {ceiling:,.0f} rows/s; a step's fixed cost "
+        print(f"[{name}] ceiling {ceiling:,.0f} rows/s at D = {D}; a step's fixed cost "
               f"{1e3 * res['step_overhead']['seconds_per_step']:.1f} ms, "
               f"{res['step_overhead']['tasks_per_step']:.1f} tasks", flush=True)
         for kind in args.solvers:
+            # each solver against the ceiling of the D it fits (EigenPro-RF rounds
+            # --features up to its 1024-feature blocks)
+            if fitted_features(kind, args.features) != D:
+                D = fitted_features(kind, args.features)
+                ceiling = measure_ceiling(client, args.inputs, D)
             r = fit_one(kind, store, test, args.features, client, args.repeat, args.lanes,
                         args.local_steps, args.batch_size)
             # the machine's speed drifts by 20-30% over minutes here: each fit is
             # compared with the mean of the ceilings measured just before and after it
-            after = measure_ceiling(client, args.inputs, args.features)
+            after = measure_ceiling(client, args.inputs, D)
             r["ceiling_rows_per_s"] = (ceiling + after) / 2
+            r["ceiling_features"] = D
             r["percent_of_ceiling"] = 100 * r["rows_per_s"] / r["ceiling_rows_per_s"]
+            passes, views = PASSES_VIEWS.get(kind, (1, 1))
+            r["passes"], r["views"] = passes, views
+            # the ceiling is one pass of one view: a fit that makes more does that
+            # much more of the ceiling's arithmetic per row of its rows/s
+            per_pass = "" if passes * views == 1 else (
+                f"; {passes} passes over the rows (the epoch, then the moments pass) x "
+                f"{views} view{'s' if views > 1 else ''} against a one-pass, one-view "
+                f"ceiling: {passes * views * r['percent_of_ceiling']:.1f}% per pass and view")
             res[kind] = r
             print(f"[{name}] {kind}: {r['rows_per_s']:,.0f} rows/s = "
-                  f"{r['percent_of_ceiling']:.1f}% of the ceiling ({ceiling:,.0f} before, "
-                  f"{after:,.0f} after; {r['seconds']:.1f} s, the median of "
-                  f"{' '.join(f'{t:.1f}' for t in r['seconds_each'])}), "
+                  f"{r['percent_of_ceiling']:.1f}% of the ceiling at D = {D} "
+                  f"({ceiling:,.0f} before, {after:,.0f} after; {r['seconds']:.1f} s, the "
+                  f"median of {' '.join(f'{t:.1f}' for t in r['seconds_each'])}){per_pass}, "
                   f"{r['quality'][0]} {r['quality'][1]:.4g}; {r['tasks']} scheduler tasks, "
                   f"client CPU {r['client_cpu_seconds']:.2f} s"
                   + "".join(f", {k} {r[k]}" for k in ("lanes_", "batch_size_", "local_steps_")
@@ -328,14 +397,28 @@ def run(n_workers: int, args, store: str, test: tuple) -> dict:
     return res
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (``local_cluster(0)`` starts one worker
+    per core, which a "[0 workers]" label would misname)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", default="/tmp/dkernel-throughput", help="folder for the stores")
-    p.add_argument("--rows", type=int, default=2_000_000)
-    p.add_argument("--inputs", type=int, default=32)
-    p.add_argument("--features", type=int, default=2048)
-    p.add_argument("--chunk-rows", type=int, default=65536)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rows", type=positive_int, default=2_000_000)
+    p.add_argument("--inputs", type=positive_int, default=32)
+    p.add_argument("--features", type=positive_int, default=2048,
+                   help="n_features given to every solver (each fits it rounded up to a "
+                        "multiple of its block width, and is measured against the ceiling of "
+                        "that D)")
+    p.add_argument("--chunk-rows", type=positive_int, default=65536,
+                   help="rows per chunk of the stores this run writes; a store already under "
+                        "--data with other chunks (or shape) is refused")
+    p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"],
                    choices=["dsg", "eigenpro", "kpca", "kpca-power", "ksvd", "ksvd-power",
                             "one-class"],
@@ -344,7 +427,7 @@ def main() -> None:
                         "steps='auto'); ksvd, ksvd-power: KernelSVD(n_components=4) of the "
                         "store's X and y as two views, block / power steps; one-class: "
                         "DSGOneClassSVM, rounds of local steps (docs/scaling.md)")
-    p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p.add_argument("--threads", type=positive_int, default=1, help="threads per worker")
     p.add_argument("--lanes", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="the fits' lanes ('auto': one per worker thread)")
     p.add_argument("--local-steps", type=lambda v: v if v == "auto" else int(v), default="auto",
@@ -374,6 +457,13 @@ def main() -> None:
     from dkernel.datasets.synthetic import make_dai_ridge, make_store
 
     store = os.path.join(args.data, f"train-{args.rows}x{args.inputs}.zarr")
+    # a store is reused by its name, which leaves out the chunking: refuse one
+    # these settings would not have written before any work starts
+    for rows in (args.rows, *args.precond_rows):
+        path = os.path.join(args.data, f"train-{rows}x{args.inputs}.zarr")
+        wrong = os.path.exists(path) and store_mismatch(path, rows, args.inputs, args.chunk_rows)
+        if wrong:
+            p.error(wrong)
     if not os.path.exists(store):
         t0 = time.perf_counter()
         make_store(store, args.rows, args.inputs, chunk_rows=args.chunk_rows, kind="regression")
@@ -384,7 +474,8 @@ def main() -> None:
 
     g = zarr.open_group(store, mode="r")
     stored = sum(g[k].nbytes_stored() for k in ("X", "y"))
-    results = {"settings": vars(args), "bytes_read_per_row": stored / args.rows, "runs": []}
+    results = {"settings": vars(args), "store": store_chunking(store),
+               "bytes_read_per_row": stored / args.rows, "runs": []}
     print(f"bytes read per row (X and y as stored): {results['bytes_read_per_row']:.1f}")
     if single_size:
         results["runs"].append(run(args.workers, args, store, test))
@@ -444,6 +535,7 @@ def main() -> None:
                 # cost 2-8 s more than the second in some runs (page cache, imports)
                 r = min((preconditioner_seconds(client, path, args.features) for _ in range(2)),
                         key=lambda v: v["seconds"])
+                r["store"] = store_chunking(path)
                 results["preconditioner"].append(r)
                 print(f"EigenPro-RF preconditioner on {rows:,} rows: {r['seconds']:.1f} s "
                       f"(sample and bandwidth {r['sample_seconds']:.1f} s, "
