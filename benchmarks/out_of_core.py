@@ -2,15 +2,25 @@
 the workers' memory, against the same fits on a store that fits in page cache.
 
 The big store is written by the workers (``dkernel make-store``); the
-workers run with a memory limit far below the data size.  While each fit
-runs, every worker's RSS is sampled; afterwards its spilled bytes are read.
-Prints, per solver: rows/s on the big and on the small store, their ratio
-(big / small), peak worker RSS against the limit, and bytes spilled
-(expected: none).  Each solver first fits the small store once, untimed: a
-fresh worker's first fit pays one-time imports and page-ins (0.5-2 s in
-benchmarks/throughput.py), which would otherwise land on whichever store is
-timed first, and the small store is then in page cache, as the comparison
-assumes.  ``--epochs`` applies to every timed fit.
+workers run with a memory limit far below the data size (the script warns
+when the big store is not larger than the limits together).  While each fit
+runs, every worker's RSS is sampled, and the bytes the workers wrote to
+their spill directories during the fit are counted (distributed's
+cumulative disk-write count, read before and after it; expected: none).
+Each fit is measured against the compute ceiling of benchmarks/throughput.py
+(the per-row arithmetic at the solver's D, no data loading), measured on the
+same workers just before and after it.  Prints, per solver and store: the
+epochs' rows/s (``history_``: the steps alone, without the sample, bandwidth
+and preconditioner that every fit pays once) and their share of the
+ceiling, the whole fit's rows/s, peak worker RSS against the limit and the
+bytes spilled; then the epochs' rows/s big / small, the cost of reading out
+of core.  The whole fit's big / small ratio is printed too, labelled: it
+also spreads the fixed cost over the big store's rows, and is above 1 with
+both stores in memory.  Each solver first fits the small store once,
+untimed: a fresh worker's first fit pays one-time imports and page-ins
+(0.5-2 s in benchmarks/throughput.py), which would otherwise land on
+whichever store is timed first, and the small store is then in page cache,
+as the comparison assumes.  ``--epochs`` applies to every timed fit.
 
     # 1.5x a 24 GB machine:
     python benchmarks/out_of_core.py --gb 36 --inputs 128 --memory-limit 2GiB
@@ -33,6 +43,15 @@ import os
 import threading
 import time
 
+# the ceiling and the store checks of the throughput benchmark (this folder)
+from throughput import (
+    fitted_features,
+    measure_ceiling,
+    positive_int,
+    store_chunking,
+    store_mismatch,
+)
+
 
 def _rss(dask_worker=None) -> int:
     import psutil
@@ -40,9 +59,21 @@ def _rss(dask_worker=None) -> int:
     return psutil.Process().memory_info().rss
 
 
-def _spilled(dask_worker) -> int:
-    total = getattr(dask_worker.data, "spilled_total", None)
-    return int(getattr(total, "disk", 0) or 0) if total is not None else 0
+def _disk_written(dask_worker) -> float | None:
+    """Bytes this worker has spilled to disk since it started: its SpillBuffer's
+    ever-increasing count (``spilled_total`` is what is on disk now, 0 again
+    once a fit's keys are released); None for a worker that cannot spill."""
+    metrics = getattr(dask_worker.data, "cumulative_metrics", None)
+    return None if metrics is None else float(metrics.get(("disk-write", "bytes"), 0.0))
+
+
+def spilled_during(client, before: dict) -> int | None:
+    """Bytes the workers spilled since ``before`` (``client.run(_disk_written)``);
+    None when a worker keeps no count or was not there before."""
+    after = client.run(_disk_written)
+    if any(after.get(w) is None or before.get(w) is None for w in after):
+        return None
+    return int(sum(after[w] - before[w] for w in after))
 
 
 class RssSampler:
@@ -78,15 +109,45 @@ def fit(kind: str, store: str, n_features: int, client, n_epochs: int = 1,
 
     cls = DSGRegressor if kind == "dsg" else EigenProRegressor
     n = open_dataset(store).n_rows
+    D = fitted_features(kind, n_features)
+    ceiling = measure_ceiling(client, open_dataset(store).n_inputs, D)
+    written = client.run(_disk_written)
     with RssSampler(client) as rss:
         t0 = time.perf_counter()
         est = cls(n_features=n_features, n_epochs=n_epochs, feature_cache=feature_cache,
                   client=client, verbose=verbose).fit(store)
         seconds = time.perf_counter() - t0
-    return {"rows": n * n_epochs, "seconds": seconds, "rows_per_s": n * n_epochs / seconds,
-            "feature_cache": est.feature_cache_,
-            "peak_rss_bytes": max(rss.peak.values()) if rss.peak else None,
-            "spilled_bytes": sum(client.run(_spilled).values())}
+    spilled = spilled_during(client, written)
+    after = measure_ceiling(client, open_dataset(store).n_inputs, D)
+    # the epochs alone: the steps over the store, without the sample, bandwidth
+    # and preconditioner every fit pays once whatever the store's size
+    epoch_rows = sum(int(h["rows"]) for h in est.history_)
+    epoch_seconds = sum(float(h["seconds"]) for h in est.history_)
+    out = {"rows": n * n_epochs, "seconds": seconds, "rows_per_s": n * n_epochs / seconds,
+           "epoch_rows": epoch_rows, "epoch_seconds": epoch_seconds,
+           "epoch_rows_per_s": epoch_rows / epoch_seconds,
+           "ceiling_rows_per_s": (ceiling + after) / 2, "ceiling_before": ceiling,
+           "ceiling_after": after, "ceiling_features": D,
+           "feature_cache": est.feature_cache_,
+           "peak_rss_bytes": max(rss.peak.values()) if rss.peak else None,
+           "spilled_bytes_during_fit": spilled}
+    out["epoch_percent_of_ceiling"] = 100 * out["epoch_rows_per_s"] / out["ceiling_rows_per_s"]
+    return out
+
+
+def describe(r: dict, limit: int) -> str:
+    """A fit's line: the epochs against the ceiling, the whole fit, memory, spill."""
+    rss = ("not sampled" if r["peak_rss_bytes"] is None
+           else f"{r['peak_rss_bytes'] / 2**30:.2f} GiB of {limit / 2**30:.2f} GiB")
+    spilled = ("not counted (a worker keeps no disk-write count)"
+               if r["spilled_bytes_during_fit"] is None
+               else f"{r['spilled_bytes_during_fit']:,} bytes")
+    return (f"epochs {r['epoch_rows_per_s']:,.0f} rows/s ({r['epoch_rows']:,} rows in "
+            f"{r['epoch_seconds']:.1f} s) = {r['epoch_percent_of_ceiling']:.1f}% of the ceiling "
+            f"at D = {r['ceiling_features']} ({r['ceiling_before']:,.0f} before, "
+            f"{r['ceiling_after']:,.0f} after); whole fit {r['rows_per_s']:,.0f} rows/s "
+            f"({r['seconds']:.1f} s, sample, bandwidth and preconditioner included); peak "
+            f"worker RSS {rss}; spilled during the fit {spilled}")
 
 
 def main() -> None:
@@ -94,13 +155,13 @@ def main() -> None:
     p.add_argument("--data", default="/tmp/dkernel-ooc")
     p.add_argument("--gb", type=float, default=36.0, help="size of the big store's X")
     p.add_argument("--small-gb", type=float, default=1.0, help="size of the page-cache store's X")
-    p.add_argument("--inputs", type=int, default=32)
+    p.add_argument("--inputs", type=positive_int, default=32)
     p.add_argument("--chunk-mb", type=float, default=32.0, help="X bytes per chunk (MB)")
-    p.add_argument("--features", type=int, default=2048)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--features", type=positive_int, default=2048)
+    p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--memory-limit", default="2GiB")
     p.add_argument("--solvers", nargs="+", default=["dsg", "eigenpro"], choices=["dsg", "eigenpro"])
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=positive_int, default=1)
     p.add_argument("--feature-cache", nargs="+", default=None, metavar="MODE",
                    help="fit the big store once per mode (auto, float32, fixed16, off) and "
                         "compare rows/s, instead of big against small")
@@ -113,23 +174,35 @@ def main() -> None:
     from dkernel.engine import local_cluster
 
     limit = parse_bytes(args.memory_limit)
-    out = {"settings": vars(args), "memory_limit_bytes": limit}
+    out = {"settings": vars(args), "memory_limit_bytes": limit, "stores": {}}
+    chunk_rows = max(1024, int(args.chunk_mb * 2**20) // (4 * args.inputs))
+    paths = {}
+    for name, gb in (("big", args.gb), ("small", args.small_gb)):
+        path = os.path.join(args.data, f"{name}-{gb:g}gb-{args.inputs}.zarr")
+        rows = int(gb * 1e9 // (4 * args.inputs))
+        # a store is reused by its name, which leaves out --chunk-mb
+        wrong = os.path.exists(path) and store_mismatch(path, rows, args.inputs, chunk_rows)
+        if wrong:
+            p.error(wrong)
+        paths[name] = path, rows
+    if args.gb * 1e9 <= args.workers * limit:
+        print(f"warning: the big store's X ({args.gb:g} GB) is not larger than the workers' "
+              f"memory limits together ({args.workers} x {limit / 2**30:.2f} GiB): it can be "
+              "held in memory, so this run does not measure out-of-core reading", flush=True)
     # the cluster dkernel starts itself: single-threaded workers, its malloc
     # settings (a chunk-sized buffer is reused, not mapped afresh per read)
     with local_cluster(args.workers, memory_limit=limit, silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         stores = {}
-        for name, gb in (("big", args.gb), ("small", args.small_gb)):
-            path = os.path.join(args.data, f"{name}-{gb:g}gb-{args.inputs}.zarr")
-            rows = int(gb * 1e9 // (4 * args.inputs))
+        for name, (path, rows) in paths.items():
             if not os.path.exists(path):
                 t0 = time.perf_counter()
-                chunk_rows = max(1024, int(args.chunk_mb * 2**20) // (4 * args.inputs))
                 make_store(path, rows, args.inputs, chunk_rows=chunk_rows, kind="regression",
                            client=client, progress=True)
                 seconds = time.perf_counter() - t0
                 out[f"write_{name}_mb_per_s"] = rows * args.inputs * 4 / 1e6 / seconds
             stores[name] = path
+            out["stores"][name] = {"path": path, **store_chunking(path)}
         for kind in args.solvers:
             # warm-up, untimed (see the docstring)
             fit(kind, stores["small"], args.features, client, 1, verbose=False)
@@ -138,19 +211,22 @@ def main() -> None:
                     r = fit(kind, stores["big"], args.features, client, args.epochs, mode)
                     out[f"{kind}_big_{mode}"] = r
                     print(f"{kind} on big, feature_cache={mode} (resolved {r['feature_cache']}): "
-                          f"{r['rows_per_s']:,.0f} rows/s, peak worker RSS "
-                          f"{r['peak_rss_bytes'] / 2**30:.2f} GiB of {limit / 2**30:.2f} GiB, "
-                          f"spilled {r['spilled_bytes']} bytes", flush=True)
+                          f"{describe(r, limit)}", flush=True)
                 continue
             for name in ("small", "big"):
                 r = fit(kind, stores[name], args.features, client, args.epochs)
                 out[f"{kind}_{name}"] = r
-                print(f"{kind} on {name}: {r['rows_per_s']:,.0f} rows/s, peak worker RSS "
-                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB of {limit / 2**30:.2f} GiB, "
-                      f"spilled {r['spilled_bytes']} bytes", flush=True)
-            ratio = out[f"{kind}_big"]["rows_per_s"] / out[f"{kind}_small"]["rows_per_s"]
-            out[f"{kind}_ratio_big_over_small"] = ratio
-            print(f"{kind}: rows/s big / small = {ratio:.2f}", flush=True)
+                print(f"{kind} on {name}: {describe(r, limit)}", flush=True)
+            big, small = out[f"{kind}_big"], out[f"{kind}_small"]
+            epochs = big["epoch_rows_per_s"] / small["epoch_rows_per_s"]
+            share = big["epoch_percent_of_ceiling"] / small["epoch_percent_of_ceiling"]
+            whole = big["rows_per_s"] / small["rows_per_s"]
+            out[f"{kind}_epoch_ratio_big_over_small"] = epochs
+            out[f"{kind}_epoch_share_ratio_big_over_small"] = share
+            out[f"{kind}_whole_fit_ratio_big_over_small"] = whole
+            print(f"{kind}: epochs' rows/s big / small = {epochs:.2f} (their shares of each "
+                  f"fit's ceiling: {share:.2f}); whole fit's rows/s big / small = {whole:.2f}, "
+                  "which also spreads the fixed cost over the big store's rows", flush=True)
     print(json.dumps(out))
 
 
