@@ -68,11 +68,15 @@ def libsvm_leg(args, client) -> None:
 
     from dkernel.data.ingest import ingest_libsvm_parallel
 
-    src = os.path.join(args.folder, "table.libsvm")
+    # the name carries every setting that made the file: a file reused under
+    # another --features would not parse at that width
+    src = os.path.join(args.folder, f"table-{args.libsvm_mb:g}mb-{args.features}f.libsvm")
     out = os.path.join(args.folder, "libsvm.zarr")
     if not os.path.exists(src):
         n = make_libsvm(src, args.libsvm_mb, args.features)
         print(f"wrote {src}: {n} rows x {args.features}")
+    else:
+        print(f"reusing {src}")
     mb = os.path.getsize(src) / 1e6
     t = time.perf_counter()
     load_svmlight_file(src, n_features=args.features, dtype=np.float32)
@@ -88,7 +92,7 @@ def libsvm_leg(args, client) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--gb", type=float, default=1.0, help="approximate Parquet file size")
+    ap.add_argument("--gb", type=float, default=1.0, help="approximate Parquet file size (GiB)")
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--folder", default="/tmp/dkernel-ingest-bench")
@@ -102,21 +106,28 @@ def main() -> None:
     from dkernel.data.ingest import ingest_parquet
 
     os.makedirs(args.folder, exist_ok=True)
-    src = os.path.join(args.folder, "table.parquet")
+    # the name carries every setting that made the file, so that another --gb
+    # or --features writes its own file instead of timing an old one
+    src = os.path.join(args.folder, f"table-{args.gb:g}gb-{args.features}f.parquet")
     out = os.path.join(args.folder, "table.zarr")
     if not os.path.exists(src):
         t = time.perf_counter()
         n = make_parquet(src, args.gb, args.features)
         print(f"wrote {src}: {n} rows x {args.features} in {time.perf_counter() - t:.1f} s")
     mb = os.path.getsize(src) / 1e6
-    n = pq.ParquetFile(src).metadata.num_rows
-    print(f"input: {mb:.0f} MB Parquet, {n} rows x {args.features} float32 + int64 label")
+    meta = pq.ParquetFile(src).metadata
+    # both legs and the header take the width from the file they time
+    n, d = meta.num_rows, meta.num_columns - 1
+    if d != args.features:
+        raise SystemExit(f"{src} has {d} feature columns, but --features is {args.features}: "
+                         "delete the file to have it rewritten")
+    print(f"input: {mb:.0f} MB Parquet ({src}), {n} rows x {d} float32 + int64 label")
 
     t = time.perf_counter()
     table = pq.read_table(src)
     t_read = time.perf_counter() - t
-    X = np.empty((table.num_rows, args.features), np.float32)
-    for j in range(args.features):
+    X = np.empty((table.num_rows, d), np.float32)
+    for j in range(d):
         X[:, j] = table.column(j).to_numpy()
     t_numpy = time.perf_counter() - t
     del table, X

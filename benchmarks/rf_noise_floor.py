@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 
 from distributed import Client, LocalCluster
+from throughput import store_chunking, store_mismatch
 
 from dkernel import DSGRegressor, EigenProRegressor
 from dkernel.datasets.synthetic import make_dai_ridge, make_store
@@ -31,11 +33,28 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--store", default=None, help="reuse / keep the store here")
+    p.add_argument("--store", default=None,
+                   help="reuse / keep the store here (without it, a temporary store is written "
+                        "and removed at the end)")
     args = p.parse_args()
-    store = args.store or os.path.join(tempfile.mkdtemp(), f"train-{args.rows}x32.zarr")
-    if not os.path.exists(store):
-        make_store(store, args.rows, 32, chunk_rows=65536, kind="regression")
+    if args.store and os.path.exists(args.store):
+        # reused by its path: it must be the store --rows would write
+        wrong = store_mismatch(args.store, args.rows, 32, 65536)
+        if wrong:
+            p.error(wrong)
+    temporary = None if args.store else tempfile.mkdtemp()
+    try:
+        store = args.store or os.path.join(temporary, f"train-{args.rows}x32.zarr")
+        if not os.path.exists(store):
+            make_store(store, args.rows, 32, chunk_rows=65536, kind="regression")
+        print(json.dumps({"store": store, **store_chunking(store)}), flush=True)
+        fit_both(args, store)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def fit_both(args, store: str) -> None:
     X_test, y_test = make_dai_ridge(20_000, 32, random_state=987654)
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
