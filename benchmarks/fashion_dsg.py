@@ -4,6 +4,9 @@ Both use the same kernel (Gaussian, same bandwidth) and the same number of
 random features; both are timed in this run, end to end (fit + test
 prediction; DSG reads the training data from its zarr store on a 2-worker
 LocalCluster).  Prints both accuracies, both wall times and their ratios.
+scikit-learn's clock starts after its arrays are loaded from the same
+stores; that load is timed too and printed beside the time ratio, with the
+ratio it gives when added to scikit-learn's time.
 
     python benchmarks/fashion_dsg.py                 # defaults below
     python benchmarks/fashion_dsg.py --features 4096 --epochs 4
@@ -39,7 +42,9 @@ def main() -> None:
     from dkernel.data import open_dataset
 
     train, test = fashion_stores(args.data)
-    Xte, yte = load_arrays(test)
+    t0 = time.perf_counter()
+    Xte, yte = load_arrays(test)  # DSG scores the test store's X itself, in its time
+    load_test = time.perf_counter() - t0
     results = {}
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
@@ -58,7 +63,9 @@ def main() -> None:
         from sklearn.linear_model import SGDClassifier
         from sklearn.pipeline import make_pipeline
 
+        t0 = time.perf_counter()
         Xtr, ytr = load_arrays(train)
+        load = load_test + time.perf_counter() - t0
         t0 = time.perf_counter()
         pipe = make_pipeline(
             RBFSampler(gamma=1.0 / (2 * args.bandwidth**2), n_components=args.features,
@@ -66,14 +73,19 @@ def main() -> None:
             SGDClassifier(n_jobs=args.workers, random_state=0))
         pipe.fit(Xtr, ytr)
         acc = float(pipe.score(Xte, yte))
-        results["sklearn"] = {"accuracy": acc, "seconds": time.perf_counter() - t0}
+        results["sklearn"] = {"accuracy": acc, "seconds": time.perf_counter() - t0,
+                              "load_seconds": load}
         seconds = results["sklearn"]["seconds"]
-        print(f"RBFSampler+SGDClassifier: accuracy {acc:.4f} in {seconds:.1f}s")
+        print(f"RBFSampler+SGDClassifier: accuracy {acc:.4f} in {seconds:.1f}s "
+              f"(and {load:.1f}s loading its arrays before that)")
         results["ratio"] = {
             "accuracy_dsg_over_sklearn": results["dsg"]["accuracy"] / acc,
-            "time_dsg_over_sklearn": results["dsg"]["seconds"] / results["sklearn"]["seconds"]}
+            "time_dsg_over_sklearn": results["dsg"]["seconds"] / seconds,
+            "time_dsg_over_sklearn_with_its_load": results["dsg"]["seconds"] / (seconds + load)}
         print(f"ratio DSG/sklearn: accuracy {results['ratio']['accuracy_dsg_over_sklearn']:.3f}, "
-              f"time {results['ratio']['time_dsg_over_sklearn']:.2f}")
+              f"time {results['ratio']['time_dsg_over_sklearn']:.2f} (scikit-learn's fit and "
+              f"prediction; {results['ratio']['time_dsg_over_sklearn_with_its_load']:.2f} with "
+              f"its {load:.1f}s array load added)")
     results["settings"] = vars(args)
     print(json.dumps(results))
 
