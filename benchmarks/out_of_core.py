@@ -139,7 +139,7 @@ def describe(r: dict, limit: int) -> str:
     """A fit's line: the epochs against the ceiling, the whole fit, memory, spill."""
     rss = ("not sampled" if r["peak_rss_bytes"] is None
            else f"{r['peak_rss_bytes'] / 2**30:.2f} GiB of {limit / 2**30:.2f} GiB")
-    spilled = ("not counted (a worker keeps no disk-write count)"
+    spilled = ("not counted (a worker keeps no disk-write count, or joined during the fit)"
                if r["spilled_bytes_during_fit"] is None
                else f"{r['spilled_bytes_during_fit']:,} bytes")
     return (f"epochs {r['epoch_rows_per_s']:,.0f} rows/s ({r['epoch_rows']:,} rows in "
