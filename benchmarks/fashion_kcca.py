@@ -137,6 +137,11 @@ def main() -> None:
     p.add_argument("--lanes", type=int, default=2,
                    help="chunks that share one DSG step (one per worker)")
     args = p.parse_args()
+    # RFF CCA fits whole blocks: a size that is not one was fitted smaller than
+    # its label said (D // B blocks)
+    odd = [D for D in args.rff_features if D % min(args.block_size, D)]
+    if odd:
+        p.error(f"--rff-features {odd} are not multiples of --block-size {args.block_size}")
 
     from distributed import Client, LocalCluster
 

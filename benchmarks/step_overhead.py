@@ -43,6 +43,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3, help="runs per W; the fastest is kept")
     args = p.parse_args()
+    if min(args.workers) < 1 or args.steps < 1 or args.repeat < 1 or args.features < 0:
+        # (local_cluster(0) starts one worker per core: a row labelled 0 lanes)
+        p.error("--workers, --steps and --repeat must be at least 1, --features at least 0")
 
     import numpy as np
     from distributed import Client
