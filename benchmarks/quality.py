@@ -46,7 +46,11 @@ Tolerances, fixed before any run (``TOLERANCE``):
 
     python benchmarks/quality.py                          # the whole matrix
     python benchmarks/quality.py --quick                  # the slice the tests run
-    python benchmarks/quality.py --only KernelPCA --only base --markdown docs/quality.md
+    python benchmarks/quality.py --only KernelPCA --only base --markdown quality-table.md
+
+``--markdown`` writes the table alone; it refuses a file that is not such a
+table (docs/quality.md quotes the matrix inside its prose, which is written
+by hand).
 """
 
 from __future__ import annotations
@@ -531,9 +535,11 @@ def cells(only: list[str], quick: bool) -> list[tuple[str, Regime]]:
     return out
 
 
+_TABLE_HEADER = "| estimator | regime | metric | reference | dkernel | pass | s | resolved |"
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| estimator | regime | metric | reference | dkernel | pass | s | resolved |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [_TABLE_HEADER, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['estimator']} | {r['regime']} | error | | | **FAIL** | "
@@ -547,6 +553,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_our_table(path: str) -> bool:
+    """Whether ``path`` may be written: it does not exist, or it is a table
+    :func:`markdown` wrote (its first line is the header)."""
+    try:
+        with open(path) as f:
+            return f.readline().rstrip("\n") == _TABLE_HEADER
+    except FileNotFoundError:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="only the slice the test suite runs")
@@ -554,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="an estimator or regime name (repeatable): cells of any named "
                         "estimator in any named regime")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.add_argument("--markdown", help="write the table as Markdown here")
+    p.add_argument("--markdown", help="write the table as Markdown here (a new file, or one "
+                                      "this script wrote: anything else is refused)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lanes", type=int, metavar="W",
                    help="run the DSG and EigenPro regression and classification cells at "
@@ -571,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
             params[key] = value
+
+    if args.markdown and not _is_our_table(args.markdown):
+        # checked before the run, so a long run does not end in a refusal
+        p.error(f"--markdown {args.markdown}: that file exists and is not a table this "
+                f"script wrote (its first line is not {_TABLE_HEADER!r}); it is not "
+                "overwritten: give a new path, e.g. --markdown quality-table.md")
 
     from distributed import Client, LocalCluster
 

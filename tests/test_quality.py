@@ -42,3 +42,16 @@ def test_default_settings_meet_the_reference(client, name, regime):
     row = quality.run_cell(name, regime, client)
     assert row["passed"] is not None, f"{name} / {regime.name} has no verdict (unchecked): {row}"
     assert row["passed"], row
+
+
+def test_markdown_refuses_to_overwrite_a_file_it_did_not_write(tmp_path, capsys):
+    doc = tmp_path / "quality.md"
+    doc.write_text("# Quality at the defaults\n\nprose written by hand\n")
+    with pytest.raises(SystemExit) as stop:  # before any cluster starts or cell runs
+        quality.main(["--only", "DSGOneClassSVM", "--only", "n=300", "--markdown", str(doc)])
+    assert stop.value.code == 2
+    assert "is not a table this script wrote" in capsys.readouterr().err
+    assert doc.read_text() == "# Quality at the defaults\n\nprose written by hand\n"
+    table = tmp_path / "table.md"
+    table.write_text(quality.markdown([]))
+    assert quality._is_our_table(str(table)) and quality._is_our_table(str(tmp_path / "new.md"))
