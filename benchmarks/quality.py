@@ -5,9 +5,12 @@ Each cell is (estimator, regime).  A regime varies one thing at a time from a
 base (n = 2000 rows, 10 inputs, bandwidth = the median heuristic, a smooth
 target, low noise): n from 300 to 200,000, inputs from 2 to 784, bandwidths
 from a quarter to four times the median heuristic, clustered targets, high
-noise and, for component models, small and large eigengaps.  The estimator
-runs at its defaults: only ``bandwidth`` is set, and only where the regime
-scales it away from "auto" (the median heuristic).
+noise and, for component models, small and large eigengaps.  The function
+learned does not depend on n or on d (beyond keeping its first min(d, 6)
+latent directions), and a smaller n's rows are the first rows of a larger
+n's (:func:`make_data`).  The estimator runs at its defaults: only
+``bandwidth`` is set, and only where the regime scales it away from "auto"
+(the median heuristic).
 
 References (computed here, in float64, on the same rows):
 - regression and classification: kernel ridge with the same kernel and
@@ -144,53 +147,86 @@ ESTIMATORS = {
 
 
 # ---------------------------------------------------------------- data
-def _latent(rng: np.random.Generator, n: int, r: int, target: str) -> tuple[np.ndarray, np.ndarray]:
+#: latent dimensions drawn for every regime; one with d < 6 inputs keeps the first d
+_R = 6
+#: the quantities drawn, each from a stream of its own (:func:`_stream`)
+_STREAMS = ("target", "embedding", "latent", "cluster", "embedding noise", "y noise",
+            "label flip", "flipped label", "second view", "numerator", "denominator",
+            "evaluation")
+
+
+def _stream(seed: int, what: str, *key: int) -> np.random.Generator:
+    """The stream of one quantity (``what``, one of ``_STREAMS``), keyed by ``key``
+    (the split, d) but never by n: the n rows of a draw are the first n of any
+    larger one, so the n= regimes differ from the base in their row count alone."""
+    return np.random.default_rng([seed, _STREAMS.index(what), *key])
+
+
+def _target(seed: int, r: int, target: str) -> dict[str, np.ndarray]:
+    """The function learned, the same for every n and d: directions u, v and three
+    cluster centres at radius 4, drawn in _R dimensions and cut to the first r."""
+    rng = _stream(seed, "target")
+    centres, u, v = rng.standard_normal((3, _R)), rng.standard_normal(_R), rng.standard_normal(_R)
+    centres = centres[:, :r] * (4.0 / np.linalg.norm(centres[:, :r], axis=1, keepdims=True))
+    return {"u": u[:r], "v": v[:r], "centres": centres, "clustered": target == "clustered"}
+
+
+def _latent(seed: int, split: int, n: int, r: int, t: dict) -> tuple[np.ndarray, np.ndarray]:
     """n latent points in r dims and their cluster of three (-1 for smooth data)."""
-    if target == "clustered":
-        centres = rng.standard_normal((3, r))
-        centres *= 4.0 / np.linalg.norm(centres, axis=1, keepdims=True)
-        label = rng.integers(0, 3, n)
-        return centres[label] + rng.standard_normal((n, r)), label
+    Z = _stream(seed, "latent", split).standard_normal((n, _R))[:, :r]
+    if t["clustered"]:
+        label = _stream(seed, "cluster", split).integers(0, 3, n)
+        return t["centres"][label] + Z, label
     scale = 1.0 / np.sqrt(1.0 + np.arange(r))  # a decaying spectrum, not an isotropic ball
-    return rng.standard_normal((n, r)) * scale, np.full(n, -1)
+    return Z * scale, np.full(n, -1)
 
 
-def _embed(rng: np.random.Generator, Z: np.ndarray, d: int) -> np.ndarray:
+def _f(Z: np.ndarray, cluster: np.ndarray, t: dict) -> np.ndarray:
+    f = np.sin(Z @ t["u"]) + 0.5 * np.cos(Z @ t["v"])
+    return f * 0.3 + np.array([-1.0, 0.5, 1.5])[cluster] if t["clustered"] else f
+
+
+def _embed(seed: int, split: int, Z: np.ndarray, d: int) -> np.ndarray:
     """Z in d inputs: identity when d <= r, else a random orthonormal map plus small
     noise (total variance 0.09), so wide inputs keep a low intrinsic dimension as
     images do and the median heuristic stays meaningful."""
     n, r = Z.shape
     if d <= r:
         return Z[:, :d]
-    R = np.linalg.qr(rng.standard_normal((d, r)))[0].T
-    return Z @ R + rng.standard_normal((n, d)) * (0.3 / np.sqrt(d))
+    R = np.linalg.qr(_stream(seed, "embedding", d).standard_normal((d, r)))[0].T
+    return Z @ R + _stream(seed, "embedding noise", split, d).standard_normal((n, d)) * (
+        0.3 / np.sqrt(d))
 
 
 def make_data(regime: Regime, seed: int = 0) -> dict[str, np.ndarray]:
     """Train and test rows (test: n / 4, at least 500) with a regression target f,
-    three-class labels and a second view Y of the same latent points."""
-    rng = np.random.default_rng([seed, regime.n, regime.d, regime.target == "clustered"])
-    n_all = regime.n + max(500, regime.n // 4)
-    r = min(regime.d, 6)
-    Z, cluster = _latent(rng, n_all, r, regime.target)
-    X = _embed(rng, Z, regime.d)
-    u, v = rng.standard_normal(r), rng.standard_normal(r)
-    f = np.sin(Z @ u) + 0.5 * np.cos(Z @ v)
-    if regime.target == "clustered":
-        f = f * 0.3 + np.array([-1.0, 0.5, 1.5])[cluster]
-        labels = cluster.copy()
-    else:
-        labels = np.searchsorted(np.quantile(f, [1 / 3, 2 / 3]), f)
-    sd = 0.1 if regime.noise == "low" else 1.0
-    y = f + sd * f.std() * rng.standard_normal(n_all)
-    flip = rng.random(n_all) < (0.02 if regime.noise == "low" else 0.2)
-    labels = np.where(flip, rng.integers(0, 3, n_all), labels)
-    Y = np.tanh(Z[:, ::-1]) + 0.3 * rng.standard_normal(Z.shape)  # second view
-    n = regime.n
-    cut = lambda a: (a[:n], a[n:])  # noqa: E731
+    three-class labels and a second view Y of the same latent points.
+
+    The target (:func:`_target`), the noise's scale and the class boundaries
+    depend on the seed, the target kind and r = min(d, 6) only; the train and
+    test rows come from streams of their own, so a smaller n's rows are the first
+    rows of a larger n's (train and test alike), and d changes the embedding."""
+    r = min(regime.d, _R)
+    t = _target(seed, r, regime.target)
+    # the noise's scale and the class boundaries, from 10,000 rows of a split of their own
+    Zs, cs = _latent(seed, 2, 10_000, r, t)
+    fs = _f(Zs, cs, t)
+    f_sd, edges = fs.std(), np.quantile(fs, [1 / 3, 2 / 3])
     out = {}
-    for key, a in {"X": X, "y": y, "labels": labels, "Y": Y}.items():
-        out[key], out[key + "_test"] = cut(a)
+    for split, suffix, n in ((0, "", regime.n), (1, "_test", max(500, regime.n // 4))):
+        Z, cluster = _latent(seed, split, n, r, t)
+        f = _f(Z, cluster, t)
+        labels = cluster.copy() if t["clustered"] else np.searchsorted(edges, f)
+        sd = 0.1 if regime.noise == "low" else 1.0
+        y = f + sd * f_sd * _stream(seed, "y noise", split).standard_normal(n)
+        p_flip = 0.02 if regime.noise == "low" else 0.2
+        flip = _stream(seed, "label flip", split).random(n) < p_flip
+        labels = np.where(flip, _stream(seed, "flipped label", split).integers(0, 3, n), labels)
+        noise = _stream(seed, "second view", split).standard_normal((n, _R))[:, :r]
+        Y = np.tanh(Z[:, ::-1]) + 0.3 * noise  # second view
+        for key, a in {"X": _embed(seed, split, Z, regime.d), "y": y, "labels": labels,
+                       "Y": Y}.items():
+            out[key + suffix] = a
     return out
 
 
@@ -459,13 +495,14 @@ def run_cell(name: str, regime: Regime, client: Any, seed: int = 0,
                        passed=got >= ref - TOLERANCE["auc"])
         elif name == "DSGDensityRatio":
             # Gaussians N(mu, S) over N(0, S): log r(x) = mu^T S^-1 x - mu^T S^-1 mu / 2
-            rng = np.random.default_rng([seed, regime.n, regime.d])
+            # (each set from a stream of its own, so n rows are the first n of a larger n's)
             scale = 1.0 / np.sqrt(1.0 + np.arange(regime.d))
             mu = np.zeros(regime.d)
             mu[0] = scale[0]
-            den = rng.standard_normal((regime.n, regime.d)) * scale
-            num = rng.standard_normal((regime.n, regime.d)) * scale + mu
-            at = rng.standard_normal((2000, regime.d)) * scale
+            draw = lambda what: _stream(seed, what, regime.d).standard_normal  # noqa: E731
+            den = draw("denominator")((regime.n, regime.d)) * scale
+            num = draw("numerator")((regime.n, regime.d)) * scale + mu
+            at = draw("evaluation")((2000, regime.d)) * scale
             given, bw = _bandwidth(regime, den)
             model = est_cls(bandwidth=given, client=client).fit(num.astype(np.float32),
                                                                den.astype(np.float32))
