@@ -697,3 +697,36 @@ def test_fit_saves_the_model_before_its_cluster_closes(labelled, client, monkeyp
     assert main(["fit", labelled["train"], "--features", "64", "--epochs", "1",
                  "--scheduler", client.scheduler.address, "--out", str(out)]) == 0
     assert seen and seen[0]
+
+
+def test_evaluate_mse_of_a_two_output_regressor_is_the_mean_over_every_entry(client, tmp_path):
+    # the single-output check (rows == entries) could not tell the two apart: two
+    # outputs reported twice the mean squared error
+    import dask.array as da
+
+    from dkernel import DSGRegressor
+    from dkernel.cli.predict import metrics
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 2)).astype(np.float32)
+    Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 1])] + 0.1 * rng.standard_normal((400, 2))
+    m = DSGRegressor(bandwidth=1.0, n_features=256, n_epochs=2, client=client).fit(X, Y)
+    result = metrics(m, da.from_array(X, chunks=(100, 2)), da.from_array(Y, chunks=(100, 2)))
+    assert result["mse"] == pytest.approx(float(np.mean((m.predict(X) - Y) ** 2)), rel=1e-6)
+    assert result["r2"] == pytest.approx(m.score(X, Y), rel=1e-9)
+
+
+def test_info_names_the_last_epoch_of_the_history(client, tmp_path, capsys):
+    from dkernel import DSGRegressor
+    from dkernel.cli import main
+
+    X = np.random.default_rng(0).standard_normal((400, 2)).astype(np.float32)
+    m = DSGRegressor(bandwidth=1.0, n_features=256, n_epochs=3, client=client).fit(
+        X, np.sin(X[:, 0]))
+    m.save(str(tmp_path / "m.npz"))
+    first, last = m.history_[0]["loss"], m.history_[-1]["loss"]
+    assert f"{first:.4g}" != f"{last:.4g}"
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "m.npz")]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if "history" in s)
+    assert f"loss {last:.4g}," in line and f"loss {first:.4g}," not in line, line

@@ -821,3 +821,62 @@ def test_fitted_components_have_a_sign_that_does_not_hang_on_rounding(client, ma
         model.mean_ = -model.mean_  # (KernelPCA keeps the mean's scores)
     save_model(model, tmp_path / "m.npz")
     np.testing.assert_array_equal(getattr(load_model(tmp_path / "m.npz"), name), -C)
+
+
+def test_kcca_correlations_are_the_regularised_ones_of_its_training_scores(client):
+    # correlations_ are documented as regularised: at the fit's rotation each pair has
+    # cov / sqrt((var_x + alpha D|a|^2)(var_y + alpha D|b|^2)); without the ridge term
+    # they came out as the plain training correlations (0.85 / 0.67 for 0.67 / 0.31)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (800, 2)).astype(np.float32)
+    Y = (np.c_[np.sin(3 * X[:, 0]), X[:, 1] ** 2]
+         + 0.3 * rng.standard_normal((800, 2))).astype(np.float32)
+    alpha = 0.05
+    m = KernelCCA(2, alpha=alpha, bandwidth=1.0, n_features=256, n_epochs=2,
+                  client=client).fit(X, Y)
+    xs, ys = (np.asarray(s, dtype=np.float64) for s in m.transform(X, Y))
+    xc, yc = xs - xs.mean(0), ys - ys.mean(0)
+    D = m.x_components_.shape[0]
+    ridge_x = alpha * D * (m.x_components_ ** 2).sum(0)
+    ridge_y = alpha * D * (m.y_components_ ** 2).sum(0)
+    cov, vx, vy = (xc * yc).mean(0), (xc * xc).mean(0), (yc * yc).mean(0)
+    np.testing.assert_allclose(m.correlations_, cov / np.sqrt((vx + ridge_x) * (vy + ridge_y)),
+                               rtol=1e-3)
+    assert np.all(m.correlations_ < cov / np.sqrt(vx * vy) - 0.05)
+
+
+def test_two_view_models_give_the_second_view_its_own_bandwidth(client):
+    from dkernel import KernelSVD
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (400, 2)).astype(np.float32)
+    Y = (10 * np.c_[np.sin(3 * X[:, 0]), X[:, 1]]
+         + rng.standard_normal((400, 2))).astype(np.float32)
+    m = KernelSVD(2, bandwidth=1.0, bandwidth_y=8.0, n_features=256, client=client).fit(X, Y)
+    assert (m.bandwidth_, m.bandwidth_y_) == (1.0, 8.0)
+    assert (m.features_[0].bandwidth, m.features_[1].bandwidth) == (1.0, 8.0)
+
+
+def test_kpca_gha_ordering_takes_its_own_steps(client):
+    # the Hermite test fits both orderings to the same answer, which rotate steps
+    # alone also reach: the GHA update must actually run
+    from dkernel import KernelPCA
+
+    X = np.random.default_rng(0).standard_normal((1000, 2)).astype(np.float32)
+    kw = dict(bandwidth=1.0, n_features=128, block_size=64, n_epochs=1, steps="block",
+              client=client)
+    gha = KernelPCA(3, ordering="gha", **kw).fit(X)
+    rotate = KernelPCA(3, ordering="rotate", **kw).fit(X)
+    assert gha.get_params()["ordering"] == "gha"
+    assert np.abs(gha.components_ - rotate.components_).max() > 1e-4
+
+
+def test_a_given_step_decay_reaches_the_block_steps(client):
+    from dkernel import KernelPCA
+
+    X = np.random.default_rng(0).standard_normal((1000, 2)).astype(np.float32)
+    kw = dict(bandwidth=1.0, n_features=128, block_size=64, n_epochs=1, client=client)
+    given = KernelPCA(2, step_decay=0.5, **kw).fit(X)
+    auto = KernelPCA(2, steps="block", **kw).fit(X)
+    assert (given.steps_, given.step_decay_, auto.step_decay_) == ("block", 0.5, 1e-3)
+    assert np.abs(given.transform(X) - auto.transform(X)).max() > 1e-3

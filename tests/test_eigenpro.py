@@ -808,3 +808,51 @@ def test_a_kernel_form_resume_at_auto_takes_the_checkpoints_kernel_cache(client,
                                       kernel_cache=next(modes), client=client, **c), X, y)
     assert full.kernel_cache_ == resumed.kernel_cache_ == "fixed16"
     np.testing.assert_array_equal(resumed.coef_, full.coef_)
+
+
+def test_the_resolved_step_size_with_alpha_given_back_gives_the_same_model(client):
+    # with full steps (600 rows, batch 20) a given step_size is the automatic one
+    # (docs/guide/eigenpro.md); step_size_ read m / beta, not m / (beta + alpha), and
+    # moved the predictions by 8e-3 when given back
+    X = np.random.default_rng(0).uniform(-1, 1, (600, 3)).astype(np.float32)
+    y = np.sin(3 * X[:, 0])
+    base = dict(alpha=0.05, bandwidth=1.0, n_epochs=2, batch_size=20, client=client)
+    first = EigenProRegressor(**base).fit(X, y)
+    again = EigenProRegressor(step_size=first.step_size_, q=first.q_,
+                              subsample_size=first.subsample_size_, **base).fit(X, y)
+    np.testing.assert_array_equal(again.predict(X), first.predict(X))
+
+
+@pytest.mark.parametrize("room_per_entry, mode", [(3, "fixed16"), (4, "float32"), (1.5, "off")])
+def test_automatic_kernel_cache_takes_the_widest_rows_the_workers_room_holds(client, monkeypatch,
+                                                                              room_per_entry, mode):
+    # 700 rows are one chunk, so one worker holds all 700 x 700 kernel entries: float32
+    # needs 4 bytes an entry, fixed16 2; with room for 3 float32 was chosen (16 MB in 12)
+    from dkernel.engine import cache
+
+    X = np.random.default_rng(0).uniform(-1, 1, (700, 3)).astype(np.float32)
+    y = np.sin(3 * X[:, 0])
+    room = int(room_per_entry * 700 * 700)
+    monkeypatch.setattr(cache, "budgets", lambda client: {w: room for w in client.nthreads()})
+    m = EigenProRegressor(bandwidth=1.0, n_epochs=1, client=client).fit(X, y)
+    assert m.kernel_cache_ == mode
+
+
+def test_a_given_damping_reaches_the_random_feature_preconditioner(client):
+    # lambda_{q+1} tops the preconditioned spectrum for any tau <= 1, so q_, m* and the
+    # step do not show tau: only the model does (1.08 apart after an epoch here)
+    X = np.random.default_rng(0).uniform(-1, 1, (2000, 3)).astype(np.float32)
+    y = np.sin(3 * X[:, 0])
+    kw = dict(bandwidth=1.0, n_features=256, n_epochs=1, client=client)
+    auto = EigenProRegressor(**kw).fit(X, y)
+    damped = EigenProRegressor(damping=0.9, **kw).fit(X, y)
+    assert np.abs(damped.predict(X) - auto.predict(X)).max() > 1e-2
+
+
+def test_max_batch_caps_the_kernel_forms_automatic_q_and_batch(client):
+    X = np.random.default_rng(0).uniform(-1, 1, (1000, 3)).astype(np.float32)
+    y = np.sin(3 * X[:, 0])
+    auto = EigenProRegressor(bandwidth=1.0, n_epochs=1, client=client).fit(X, y)
+    capped = EigenProRegressor(bandwidth=1.0, n_epochs=1, max_batch=50, client=client).fit(X, y)
+    assert auto.batch_size_ > 50  # (the cap has something to do)
+    assert capped.critical_batch_ <= 50 and capped.batch_size_ <= 50 and capped.q_ < auto.q_

@@ -166,3 +166,25 @@ def test_a_resume_goes_on_with_the_cache_mode_its_checkpoint_records(client, res
     with pytest.raises(ValueError, match=r"cache: the checkpoint's 'fixed16', this fit's "
                                          r"'float32'.*resume with feature_cache='fixed16'"):
         resume_mid_fit(make, X, y)
+
+
+def _set_spill(value):
+    import dask
+
+    dask.config.set({"distributed.worker.memory.spill": value})
+
+
+def test_the_cache_room_stops_at_the_workers_spill_threshold(client):
+    # a worker whose process already holds more than its spill threshold has no room:
+    # the budget alone (0.4 of the limit) made it spill its chunks (cache.headroom);
+    # with a threshold of 0.1% of the limit every worker's RSS is above it
+    from dkernel.engine import cache
+
+    old = client.run(lambda: __import__("dask").config.get("distributed.worker.memory.spill"))
+    client.run(_set_spill, 0.001)
+    try:
+        rooms = cache.budgets(client)
+    finally:
+        client.run(_set_spill, next(iter(old.values())))
+    assert rooms and all(v == 0 for v in rooms.values()), rooms
+    assert all(v > 0 for v in cache.budgets(client).values())

@@ -560,3 +560,16 @@ def test_cli_ingest_passes_its_reader_flags(tmp_path):
     assert main(["ingest", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"),
                  "--out", str(tmp_path / "n.zarr"), "--quiet"]) == 0
     np.testing.assert_array_equal(stored("n.zarr")[1], [0, 1, 0, 1, 1, 0])  # --labels
+
+
+@pytest.mark.parametrize("y_dtype", ["float32", "int64"])
+def test_csv_stores_y_in_the_given_y_dtype(tmp_path, y_dtype):
+    from dkernel.data import open_dataset
+    from dkernel.data.ingest import ingest_csv
+
+    p = tmp_path / "a.csv"
+    p.write_text("a,b,label\n" + "".join(f"{i * 0.1},{i * 0.2},{i % 2}\n" for i in range(50)))
+    out = ingest_csv(p, tmp_path / "s.zarr", target="label", y_dtype=y_dtype)
+    y = open_dataset(out).y
+    assert y.dtype == np.dtype(y_dtype)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(50) % 2)

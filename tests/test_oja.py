@@ -328,3 +328,17 @@ def test_more_components_than_the_rows_hold_are_refused_as_kernel_pca_refuses_th
             model.fit(X if k == 5 else X[:3])
     kept = StreamingKernelPCA(4, bandwidth=1.0, n_features=64, client=client).fit(X)
     assert kept.components_.shape[1] == 4
+
+
+def test_the_automatic_oja_step_keeps_to_the_cap_where_lambda_k_is_small(client):
+    # six components of a wide kernel: lambda_6 ~ 1e-5 made c log D / (n lambda_6) = 4.9,
+    # and the stream overflowed in its first block; the cap keeps eta ~ 0.12
+    from dkernel import StreamingKernelPCA
+
+    X = np.random.default_rng(0).standard_normal((2000, 2)).astype(np.float32)
+    m = StreamingKernelPCA(6, bandwidth=3.0, n_features=256, n_passes=1, client=client).fit(X)
+    Z = m.feature_map(X).astype(np.float64)
+    Z -= Z.mean(axis=0)
+    # (the cap is 0.1 / max|z|^2 on the fit's sample of rows: 0.13 on all of them here)
+    assert m.eta_ * (Z * Z).sum(axis=1).max() <= 0.2, m.eta_
+    assert np.all(np.isfinite(m.components_))

@@ -202,3 +202,15 @@ def test_advice_stream_gives_up_on_a_gone_reader_only():
     stream.write("b\n")
     assert stream.dead and gone.lines == []
     assert AdviceStream(None).write("x") == 1  # (stderr closed: sys.stderr is None)
+
+
+def test_a_progress_line_started_at_its_total_still_prints_its_end():
+    # a fit resumed from its last step starts its line at the total: the end and its
+    # metrics must still be printed (outside a terminal nothing came out)
+    import io
+
+    from dkernel.engine.progress import Progress
+
+    out = io.StringIO()
+    Progress(10, "fit", True, stream=out, start=10).update(0, loss=0.25)
+    assert out.getvalue().startswith("fit: 10/10 steps") and "loss 0.25" in out.getvalue()

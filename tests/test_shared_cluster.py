@@ -336,3 +336,34 @@ def test_a_fit_submitted_as_a_task_runs_instead_of_waiting_for_its_own_thread(cl
     inside = client.submit(_fit_inside_a_task, 2, pure=False).result(timeout=240)
     with client.as_current():
         np.testing.assert_array_equal(inside, _fit_inside_a_task(2))
+
+
+def test_a_block_shared_by_a_fit_that_only_hit_it_stays_after_the_filler_retires():
+    # the existing test lets the second reader retire: the filler stays an owner either
+    # way.  Here the filler retires and the fit that only hit the block runs on: without
+    # the hit recorded, the block was evictable, and that fit evicted it itself for room
+    import dask
+
+    from dkernel.engine import cache
+
+    block = np.ones(1000, np.float64)
+    cache.clear()
+    try:
+        with dask.config.set({"dkernel.cache-fraction": 1.0}):
+            limit = cache.budget()
+        room = {"dkernel.cache-fraction": 2.5 * block.nbytes / limit,
+                "dkernel.cache-live-seconds": 60}
+        with dask.config.set(room):
+            cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes, owner="a")  # a fills
+            cache.lookup_or_fill(("a", 1), block.copy, block.nbytes, owner="a")
+            assert cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes,
+                                        owner="b") is not None  # b hits it
+            cache.retire(["a"])  # a ends; b is still running
+            assert cache.lookup_or_fill(("c", 0), block.copy, block.nbytes, owner="c") \
+                is not None
+            assert ("shared", 0) in cache._entries and ("a", 1) not in cache._entries
+            # b streams rather than evict the block it reads
+            assert cache.lookup_or_fill(("b", 1), block.copy, block.nbytes, owner="b") is None
+            assert ("shared", 0) in cache._entries
+    finally:
+        cache.clear()

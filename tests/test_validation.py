@@ -459,3 +459,50 @@ def test_one_vs_rest_probabilities_sum_to_one(client):
     y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
     clf = DSGClassifier(loss="logistic", n_features=64, n_epochs=1, client=client).fit(X, y)
     np.testing.assert_allclose(clf.predict_proba(X).sum(axis=1), 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", ["dsg", "eigenpro"])
+def test_a_nan_in_an_in_memory_y_is_named_by_row_not_reported_as_divergence(client, make):
+    # without the check the fit ran and stopped with "diverged at step 0 (loss nan);
+    # set a smaller step_size", pointing at the wrong setting
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 2)).astype(np.float32)
+    y = np.sin(X[:, 0])
+    y[137] = np.nan
+    model = (DSGRegressor(n_features=256, n_epochs=1, client=client) if make == "dsg" else
+             EigenProRegressor(n_epochs=1, client=client))
+    with pytest.raises(ValueError, match=r"y contains NaN or infinity .*first bad row: 137"):
+        model.fit(X, y)
+
+
+def test_a_complex_dask_x_is_refused_not_cast_to_its_real_part(client):
+    # scikit-learn's check_array refuses complex in memory; a dask or stored X
+    # reaches dkernel's own check, without which the fit dropped the imaginary part
+    # (a ComplexWarning at predict was the only sign)
+    import dask.array as da
+
+    from dkernel import DSGRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 2)) + 1j * rng.standard_normal((300, 2))
+    y = np.abs(X[:, 0])
+    with pytest.raises(TypeError, match="X has dtype complex128, which is not real numeric"):
+        DSGRegressor(bandwidth=1.0, n_features=256, n_epochs=1, client=client).fit(
+            da.from_array(X, chunks=(100, 2)), da.from_array(y, chunks=100))
+
+
+def test_a_dask_x_of_zero_columns_is_refused_as_empty():
+    # in memory scikit-learn's check_array refuses it first; a dask X reached the
+    # bandwidth ("all sampled rows of X are identical; pass a numeric bandwidth") or
+    # the feature map ("n_inputs must be >= 1") instead
+    import dask.array as da
+
+    from dkernel import DSGRegressor
+
+    X = da.zeros((300, 0), chunks=(100, 0), dtype=np.float32)
+    y = da.from_array(np.random.default_rng(0).standard_normal(300), chunks=100)
+    for bw in ("auto", 1.0):
+        with pytest.raises(ValueError, match=r"X is empty \(shape \(300, 0\)\)"):
+            DSGRegressor(bandwidth=bw, n_features=256, n_epochs=1).fit(X, y)
