@@ -62,6 +62,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -663,8 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows)
     print(table)
     if args.json:
+        replaced = os.path.exists(args.json)  # (a run's rows over another's: said)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
+        print(f"rows: {args.json}" + (" (replaced the file that was there)" if replaced else ""),
+              file=sys.stderr)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
