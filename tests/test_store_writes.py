@@ -47,9 +47,17 @@ def test_a_failed_write_returns_only_when_no_task_writes_any_more(client, tmp_pa
     assert len(written) < 7, "the outstanding tasks were cancelled, not run"
 
 
-def _slow_rows(block):
+def _slow_rows(block, started):
+    open(started, "a").close()  # (the test loses the worker once a write task runs)
     time.sleep(60)
     return block
+
+
+def _kill_once_started(worker, started):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.kill()
 
 
 def test_a_write_whose_workers_are_all_lost_stops_and_leaves_nothing(tmp_path, monkeypatch):
@@ -64,31 +72,42 @@ def test_a_write_whose_workers_are_all_lost_stops_and_leaves_nothing(tmp_path, m
     from dkernel.data.store import write_arrays
 
     monkeypatch.setenv("DKERNEL_WORKER_TIMEOUT", "1")
-    monkeypatch.setattr(store, "_CHECK_SECONDS", 0.3, raising=False)
+    monkeypatch.setattr(store, "_CHECK_SECONDS", 0.3)
+    started = tmp_path / "started"
     X = da.from_array(np.ones((40, 2), np.float32), chunks=10).map_blocks(
-        _slow_rows, meta=np.empty((0, 0), np.float32))  # (no meta: dask calls it to learn one)
-    out = tmp_path / "p.zarr"
+        _slow_rows, started=str(started),
+        meta=np.empty((0, 0), np.float32))  # (no meta: dask calls it to learn one)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "p.zarr"
     with LocalCluster(n_workers=0, dashboard_address=":0",
                       silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
         for progress in (None, _NoBar):
             # a worker without a nanny, killed: lost, as a node that goes down
+            # (this file on its path: it could not unpickle _slow_rows, and died of that)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
             worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
                                        cluster.scheduler_address, "--no-nanny", "--nthreads",
                                        "1", "--no-dashboard"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
+                                      stderr=subprocess.DEVNULL, env=env)
+            killer = threading.Thread(target=_kill_once_started, args=(worker, started))
             try:
                 c.wait_for_workers(1, timeout=60)
-                threading.Timer(1.0, worker.kill).start()
+                started.unlink(missing_ok=True)
+                killer.start()
                 t0 = time.monotonic()
                 with pytest.raises(RuntimeError, match=f"^writing '{out}' stopped: the cluster "
                                                        "has had no workers for .* "
                                                        "DKERNEL_WORKER_TIMEOUT"):
                     write_arrays(c, out, {"X": X}, 10, progress=progress)
                 assert time.monotonic() - t0 < 25
-                assert os.listdir(tmp_path) == []
+                assert os.listdir(tmp_path / "out") == []
             finally:
                 worker.kill()
                 worker.wait(30)
+                if killer.is_alive():
+                    killer.join()
+            assert started.exists()  # the worker ran a write task before it was lost
 
 
 class _NoBar:
