@@ -5,6 +5,7 @@ random steps ends with the undisturbed model."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -141,38 +143,49 @@ def test_a_zarr_array_written_in_place_is_never_served_old_cached_blocks(client,
     assert open_dataset(given(), y).X.name == open_dataset(given(), y).X.name
 
 
-def test_a_finished_fits_blocks_may_be_evicted_at_once_and_a_fit_retires_its_runs(client):
-    # a finished fit's blocks counted as live for 60 s: the next fit of a grid
-    # search found no room (the third of three back-to-back fits declined every
-    # block), and every fit left an owner in the workers' records for good
-    import dask
+#: one cached block of the cache tests below
+_BLOCK = np.ones(1000, np.float64)
 
-    block = np.ones(1000, np.float64)
+
+@contextlib.contextmanager
+def _cache_room(blocks: float, live: float = 60):
+    """An empty cache whose budget holds ``blocks`` of :data:`_BLOCK`, a fit
+    counting as running ``live`` seconds after its last block; emptied after."""
     cache.clear()
     try:
         with dask.config.set({"dkernel.cache-fraction": 1.0}):
             limit = cache.budget()
-        room = {"dkernel.cache-fraction": 3.5 * block.nbytes / limit,
-                "dkernel.cache-live-seconds": 60}
-        with dask.config.set(room):
-            for i in range(3):
-                cache.lookup_or_fill(("a", i), block.copy, block.nbytes, owner="a")
-            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") is None
-            cache.retire(["a"])  # a's fit has ended
-            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") \
-                is not None
-            assert ("a", 2) in cache._entries  # (only the room b needed was taken)
-        # a fill writing into its blocks (peek) counts as running: a fill longer
-        # than the live time kept its half-written blocks only until then
-        cache.clear()
-        with dask.config.set({**room, "dkernel.cache-live-seconds": 0.2}):
-            for i in range(3):
-                cache.lookup_or_fill(("f", i), block.copy, block.nbytes, owner="fill")
-            time.sleep(0.3)
-            assert cache.peek(("f", 0)) is not None
-            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") is None
+        with dask.config.set({"dkernel.cache-fraction": blocks * _BLOCK.nbytes / limit,
+                              "dkernel.cache-live-seconds": live}):
+            yield
     finally:
         cache.clear()
+
+
+def _fill(key: tuple, owner: str):
+    """One :data:`_BLOCK` under ``key`` for ``owner``, or None where it was declined."""
+    return cache.lookup_or_fill(key, _BLOCK.copy, _BLOCK.nbytes, owner=owner)
+
+
+def test_a_finished_fits_blocks_may_be_evicted_at_once_and_a_fit_retires_its_runs(client):
+    # a finished fit's blocks counted as live for 60 s: the next fit of a grid
+    # search found no room (the third of three back-to-back fits declined every
+    # block), and every fit left an owner in the workers' records for good
+    with _cache_room(3.5):
+        for i in range(3):
+            _fill(("a", i), "a")
+        assert _fill(("b", 0), "b") is None
+        cache.retire(["a"])  # a's fit has ended
+        assert _fill(("b", 0), "b") is not None
+        assert ("a", 2) in cache._entries  # (only the room b needed was taken)
+    # a fill writing into its blocks (peek) counts as running: a fill longer
+    # than the live time kept its half-written blocks only until then
+    with _cache_room(3.5, live=0.2):
+        for i in range(3):
+            _fill(("f", i), "fill")
+        time.sleep(0.3)
+        assert cache.peek(("f", 0)) is not None
+        assert _fill(("b", 0), "b") is None
 
     def owners(dask_worker=None) -> list:
         return sorted(map(str, cache._seen))
@@ -184,62 +197,37 @@ def test_a_finished_fits_blocks_may_be_evicted_at_once_and_a_fit_retires_its_run
 
 
 def test_a_running_fit_keeps_its_cached_blocks_while_another_fit_asks_for_room():
-    import dask
-
-    block = np.ones(1000, np.float64)
-    cache.clear()
-    try:
-        with dask.config.set({"dkernel.cache-fraction": 1.0}):
-            limit = cache.budget()
-        room = {"dkernel.cache-fraction": 3.5 * block.nbytes / limit}
-        with dask.config.set({**room, "dkernel.cache-live-seconds": 60}):
-            for i in range(3):
-                assert cache.lookup_or_fill(("a", i), block.copy, block.nbytes, owner="a") \
-                    is not None
-            # fit b, running at the same time: declined (it streams), a's blocks stay
-            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") is None
-            assert all(("a", i) in cache._entries for i in range(3))
-            # a block of b's own key never reads a's entries: keys differ, b misses
-            assert cache.stats()["hits"] == 0
-        with dask.config.set({**room, "dkernel.cache-live-seconds": 0.05}):
+    with _cache_room(3.5):
+        for i in range(3):
+            assert _fill(("a", i), "a") is not None
+        # fit b, running at the same time: declined (it streams), a's blocks stay
+        assert _fill(("b", 0), "b") is None
+        assert all(("a", i) in cache._entries for i in range(3))
+        # a block of b's own key never reads a's entries: keys differ, b misses
+        assert cache.stats()["hits"] == 0
+        with dask.config.set({"dkernel.cache-live-seconds": 0.05}):
             time.sleep(0.1)  # a has finished: its blocks may now go
-            assert cache.lookup_or_fill(("b", 0), block.copy, block.nbytes, owner="b") \
-                is not None
+            assert _fill(("b", 0), "b") is not None
             assert ("b", 0) in cache._entries and ("a", 0) not in cache._entries
-    finally:
-        cache.clear()
 
 
 def test_a_block_two_running_fits_share_stays_while_either_runs():
     # a block kept only for the last fit that touched it became evictable when
     # that fit retired, though another running fit still used it: a third fit
     # evicted it, and so did the sharer itself when it made room for a block
-    import dask
-
-    block = np.ones(1000, np.float64)
-    cache.clear()
-    try:
-        with dask.config.set({"dkernel.cache-fraction": 1.0}):
-            limit = cache.budget()
-        room = {"dkernel.cache-fraction": 2.5 * block.nbytes / limit,
-                "dkernel.cache-live-seconds": 60}
-        with dask.config.set(room):
-            for owner in ("b", "a"):  # both fits read the shared chunk, a last
-                cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes, owner=owner)
-            cache.lookup_or_fill(("a", 1), block.copy, block.nbytes, owner="a")
-            cache.retire(["a"])  # a ends; b is still running
-            assert cache.lookup_or_fill(("c", 0), block.copy, block.nbytes, owner="c") \
-                is not None  # c takes the room a's own block leaves...
-            assert ("shared", 0) in cache._entries  # ...and not b's
-            assert ("a", 1) not in cache._entries
-            assert cache.lookup_or_fill(("b", 1), block.copy, block.nbytes, owner="b") is None
-            assert ("shared", 0) in cache._entries  # b streams rather than evict its own
-            cache.retire(["b"])
-            assert cache.lookup_or_fill(("c", 1), block.copy, block.nbytes, owner="c") \
-                is not None
-            assert ("shared", 0) not in cache._entries  # no fit uses it now
-    finally:
-        cache.clear()
+    with _cache_room(2.5):
+        for owner in ("b", "a"):  # both fits read the shared chunk, a last
+            _fill(("shared", 0), owner)
+        _fill(("a", 1), "a")
+        cache.retire(["a"])  # a ends; b is still running
+        assert _fill(("c", 0), "c") is not None  # c takes the room a's own block leaves...
+        assert ("shared", 0) in cache._entries  # ...and not b's
+        assert ("a", 1) not in cache._entries
+        assert _fill(("b", 1), "b") is None
+        assert ("shared", 0) in cache._entries  # b streams rather than evict its own
+        cache.retire(["b"])
+        assert _fill(("c", 1), "c") is not None
+        assert ("shared", 0) not in cache._entries  # no fit uses it now
 
 
 # ------------------------------------------------------------- worker kills
@@ -342,28 +330,13 @@ def test_a_block_shared_by_a_fit_that_only_hit_it_stays_after_the_filler_retires
     # the existing test lets the second reader retire: the filler stays an owner either
     # way.  Here the filler retires and the fit that only hit the block runs on: without
     # the hit recorded, the block was evictable, and that fit evicted it itself for room
-    import dask
-
-    from dkernel.engine import cache
-
-    block = np.ones(1000, np.float64)
-    cache.clear()
-    try:
-        with dask.config.set({"dkernel.cache-fraction": 1.0}):
-            limit = cache.budget()
-        room = {"dkernel.cache-fraction": 2.5 * block.nbytes / limit,
-                "dkernel.cache-live-seconds": 60}
-        with dask.config.set(room):
-            cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes, owner="a")  # a fills
-            cache.lookup_or_fill(("a", 1), block.copy, block.nbytes, owner="a")
-            assert cache.lookup_or_fill(("shared", 0), block.copy, block.nbytes,
-                                        owner="b") is not None  # b hits it
-            cache.retire(["a"])  # a ends; b is still running
-            assert cache.lookup_or_fill(("c", 0), block.copy, block.nbytes, owner="c") \
-                is not None
-            assert ("shared", 0) in cache._entries and ("a", 1) not in cache._entries
-            # b streams rather than evict the block it reads
-            assert cache.lookup_or_fill(("b", 1), block.copy, block.nbytes, owner="b") is None
-            assert ("shared", 0) in cache._entries
-    finally:
-        cache.clear()
+    with _cache_room(2.5):
+        _fill(("shared", 0), "a")  # a fills
+        _fill(("a", 1), "a")
+        assert _fill(("shared", 0), "b") is not None  # b hits it
+        cache.retire(["a"])  # a ends; b is still running
+        assert _fill(("c", 0), "c") is not None
+        assert ("shared", 0) in cache._entries and ("a", 1) not in cache._entries
+        # b streams rather than evict the block it reads
+        assert _fill(("b", 1), "b") is None
+        assert ("shared", 0) in cache._entries
