@@ -428,10 +428,11 @@ def run_writes(client: Any, work: Any, each: Any = None, label: str = "writing t
         # on this client's loop: as_completed would ask for the default client
         finished = as_completed(futures, loop=client.loop)
         look_at = time.monotonic() + _CHECK_SECONDS
+        got: dict = {}
         while not finished.is_empty():
             batch = finished.next_batch(block=False)
             for f in batch:
-                f.result()  # the first failure raises
+                got[f.key] = f.result()  # the first failure raises
                 if each is not None:
                     each(f)
             if not batch:  # (polled: as_completed's own wait cannot time out and look)
@@ -441,7 +442,9 @@ def run_writes(client: Any, work: Any, each: Any = None, label: str = "writing t
                         lost.check(workers, finished.count())
                     look_at = time.monotonic() + _CHECK_SECONDS
                 time.sleep(_POLL_SECONDS)
-        results = client.gather(futures)
+        # (kept as each finished: gathering them again would wait for ever, unwatched,
+        # if the worker holding one were lost after its task finished)
+        results = [got[f.key] for f in futures]
     except BaseException:
         _settle(client, futures)
         raise
