@@ -838,7 +838,7 @@ def test_automatic_kernel_cache_takes_the_widest_rows_the_workers_room_holds(cli
     assert m.kernel_cache_ == mode
 
 
-def test_a_given_damping_reaches_the_random_feature_preconditioner(client):
+def test_a_given_damping_reaches_the_random_feature_preconditioner(client, tmp_path):
     # lambda_{q+1} tops the preconditioned spectrum for any tau <= 1, so q_, m* and the
     # step do not show tau: only the model does (1.08 apart after an epoch here)
     X = np.random.default_rng(0).uniform(-1, 1, (2000, 3)).astype(np.float32)
@@ -847,6 +847,12 @@ def test_a_given_damping_reaches_the_random_feature_preconditioner(client):
     auto = EigenProRegressor(**kw).fit(X, y)
     damped = EigenProRegressor(damping=0.9, **kw).fit(X, y)
     assert np.abs(damped.predict(X) - auto.predict(X)).max() > 1e-2
+    # and the damping each used is recorded, in the model file too ("auto" was not)
+    kernel_form = EigenProRegressor(bandwidth=1.0, n_epochs=1, client=client).fit(X[:500],
+                                                                               y[:500])
+    assert (auto.damping_, damped.damping_, kernel_form.damping_) == (0.25, 0.9, 0.95)
+    damped.save(tmp_path / "damped.npz")
+    assert load_model(tmp_path / "damped.npz").damping_ == 0.9
 
 
 def test_max_batch_caps_the_kernel_forms_automatic_q_and_batch(client):

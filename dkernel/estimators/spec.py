@@ -271,7 +271,8 @@ _EIGENPRO = (
         Recorded as ``subsample_size_``."""),
     _auto(Param("damping", AUTO, "float", number(0.0, 1.0), "", "sgd"), doc="""\
         Kernel form: exponent alpha of (lambda_{q+1} / lambda_i) ("auto": 0.95);
-        random features: tau of Table 1 ("auto": 0.25)."""),
+        random features: tau of Table 1 ("auto": 0.25).  Recorded as
+        ``damping_``."""),
     _auto(BATCH_SIZE, doc="""\
         Rows per step m; "auto": min(m*, max_batch) (docs/design.md §2.4)."""),
     _auto(STEP_SIZE, doc='Step eta; "auto": from m and the eigenvalues (docs/design.md §2.4).'),

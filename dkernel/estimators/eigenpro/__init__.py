@@ -183,7 +183,8 @@ class _EigenProBase(BaseEstimator):
                 "step_backoffs": getattr(self, "step_backoffs_", []),
                 "alpha": getattr(self, "alpha_", None),
                 "feature_cache": getattr(self, "feature_cache_", None),
-                "local_steps": getattr(self, "local_steps_", None), **history_meta(self)}
+                "local_steps": getattr(self, "local_steps_", None),
+                "damping": getattr(self, "damping_", None), **history_meta(self)}
         (FeatureRoute if self.form_ == "features" else KernelRoute).save(self, arrays, meta)
         return arrays, meta
 
@@ -196,6 +197,7 @@ class _EigenProBase(BaseEstimator):
         self.alpha_ = meta.get("alpha")  # None in files of the SGD routes before alpha
         self.eigenvalues_ = arrays.get("eigenvalues")
         self.lanes_ = meta.get("lanes")
+        self.damping_ = meta.get("damping")  # None in files before it was recorded
         self.step_backoffs_ = meta.get("step_backoffs", [])
         if meta.get("feature_cache") is not None:  # the random-feature form, since feature_cache
             self.feature_cache_ = meta["feature_cache"]
@@ -236,8 +238,9 @@ class EigenProRegressor(RegressorOutputs, RegressorMixin, _EigenProBase):
     eigenvalues_ : ndarray (q + 1,) or None
         Top eigenvalues of K(S, S) / s (or of the feature covariance); None
         for the all-rows solve, which has no eigensystem.
-    q_, batch_size_, step_size_, critical_batch_ : chosen SGD settings
-        None for the all-rows solve.
+    q_, batch_size_, step_size_, critical_batch_, damping_ : chosen SGD settings
+        None for the all-rows solve (damping_: also in model files saved
+        before it was recorded).
     history_ : list of dict
         SGD: per epoch ``epoch``, ``loss`` (mean squared residual of the
         mini-batches), ``steps``, ``rows``, ``seconds`` and, with early

@@ -134,7 +134,7 @@ class FeatureRoute(Route):
         est.form_, est.coef_ = "features", state.get("theta_avg", state["theta"])
         est.alpha_ = ridge
         record_sgd(est, bandwidth, encoding, data.n_inputs, pre.values, pre.q, batch, m_star,
-                   beta, pre.new_top, eig.method, est.feature_cache_, s, ridge)
+                   beta, pre.new_top, eig.method, est.feature_cache_, s, ridge, tau)
         if k > 1:  # the rows of a synchronous step's worth; step_size_ is a local step's
             est.batch_size_ = batch * est.lanes_
 

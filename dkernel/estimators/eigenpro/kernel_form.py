@@ -97,7 +97,7 @@ class KernelRoute(Route):
         est.n_centers_ = est.n_rows_used_ = n
         est.alpha_ = ridge
         record_sgd(est, bandwidth, encoding, data.n_inputs, pre.values, pre.q, batch, m_star,
-                   beta, pre.new_top, eig.method, mode, s, ridge)
+                   beta, pre.new_top, eig.method, mode, s, ridge, damping)
 
     def _fill(self, fit: FitContext, chunks: dict | None, homes: Any, token: str, mode: str,
               bandwidth: float) -> dict | None:

@@ -126,7 +126,7 @@ class NystromRoute(KernelRoute):
         est.kernel_cache_ = mode
         est.n_passes_ = result.n_passes
         for name in ("eigenvalues_", "q_", "batch_size_", "critical_batch_", "beta_", "step_size_",
-                     "eigensolver_", "subsample_size_", "lanes_"):
+                     "eigensolver_", "subsample_size_", "damping_", "lanes_"):
             setattr(est, name, None)
         if est.verbose:
             last = result.history[-1] if result.history else {}

@@ -77,7 +77,7 @@ def predict_block(X: Any, spec: dict) -> Any:
 def record_sgd(est: Any, bandwidth: float, encoding: TargetEncoding, n_inputs: int,
                eigenvalues: np.ndarray, q: int, batch: int, m_star: float, beta: float,
                lam_new: float, method: str, cache_mode: str, s: int | None,
-               ridge: float = 0.0) -> None:
+               ridge: float, damping: float) -> None:
     """The settings an SGD route chose (saved with the model; the verbose line)."""
     est.bandwidth_ = float(bandwidth)
     est.encoding_ = encoding
@@ -93,10 +93,12 @@ def record_sgd(est: Any, bandwidth: float, encoding: TargetEncoding, n_inputs: i
     est.eigensolver_ = method
     est.kernel_cache_ = cache_mode
     est.subsample_size_ = s
+    est.damping_ = float(damping)
     if est.verbose:
         print(f"eigenpro: q={est.q_} lambda_1={est.eigenvalues_[0]:.4g} "
               f"lambda_q+1={est.eigenvalues_[est.q_]:.4g} m*={m_star:.0f} batch={batch} "
-              f"eta={est.step_size_:.4g} cache={cache_mode} eigensolver={method}",
+              f"eta={est.step_size_:.4g} damping={damping:g} cache={cache_mode} "
+              f"eigensolver={method}",
               file=sys.stderr, flush=True)
 
 
