@@ -119,3 +119,39 @@ def test_a_program_read_from_standard_input_is_refused_before_any_worker_starts(
         "main script, and '<stdin>' is not a file (a program read from standard input?): save it "
         "to a file and run that, or pass client=distributed.Client(processes=False)")
     assert "Nanny" not in proc.stderr
+
+
+def test_a_script_fitting_outside_its_main_guard_is_refused_before_any_worker_starts(tmp_path):
+    # every spawned worker re-ran the script's top level, whose fit started a cluster
+    # of its own in a process still bootstrapping: about 340 lines of "Nanny failed to
+    # start" after 30 s
+    script = tmp_path / "unguarded.py"
+    script.write_text("import numpy as np\nfrom dkernel import DSGRegressor\n"
+                      "X = np.ones((50, 2))\n"
+                      "DSGRegressor(n_features=8, n_epochs=1).fit(X, X[:, 0])\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "RuntimeError: dkernel's local cluster starts worker processes, which first re-run the "
+        "main script, and unguarded.py line 4 starts this cluster outside an `if __name__ == "
+        "\"__main__\":` block, so every worker would start one too: put the script's work "
+        "under that guard, or pass client=distributed.Client(processes=False)")
+    assert "Nanny" not in proc.stderr
+
+
+@pytest.mark.parametrize(("source", "line", "guarded"), [
+    ("fit()\n", 1, False),
+    ("if __name__ == '__main__':\n    fit()\n", 2, True),
+    ("if '__main__' == __name__ and True:\n    x = 1\n    fit()\n", 3, True),
+    ("try:\n    if __name__ == '__main__':\n        fit()\nfinally:\n    pass\n", 3, True),
+    ("if __name__ == '__main__':\n    pass\nelse:\n    fit()\n", 4, False),
+    ("if __name__ != '__main__':\n    fit()\n", 2, False),
+    ("with open('f') as f:\n    fit()\n", 2, False),
+])
+def test_the_main_guard_is_read_from_the_scripts_syntax(source, line, guarded):
+    import ast
+
+    from dkernel.engine._main_script import _guarded
+
+    assert _guarded(ast.parse(source).body, line) is guarded

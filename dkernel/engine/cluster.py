@@ -19,6 +19,7 @@ from distributed.deploy.spec import SpecCluster
 
 # (re-exported: the engine's callers and tests import them from here)
 from dkernel._workers import WORKER_TIMEOUT, worker_timeout, workers_info  # noqa: F401
+from dkernel.engine._main_script import check_main_rerunnable
 
 # What a client needs to reach a tls:// scheduler, as CLI flags and as the
 # Dask configuration keys (environment variables) distributed.Security reads.
@@ -443,7 +444,7 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
     ``deploy/Dockerfile`` set them)."""
     options = {"threads_per_worker": 1, "processes": True, "dashboard_address": ":0", **kwargs}
     if options["processes"]:
-        _check_main_rerunnable()
+        check_main_rerunnable()
     preload = options.get("preload") or dask.config.get("distributed.worker.preload") or ()
     options["preload"] = [*preload, WORKER_PRELOAD]
     environ = _spawn_environ()
@@ -467,26 +468,6 @@ def local_cluster(n_workers: int | None = None, **kwargs: Any) -> LocalCluster:
         raise
     finally:
         put_back_environ(saved)
-
-
-def _check_main_rerunnable() -> None:
-    """Refuse to start spawned workers from a program read from standard input:
-    each worker first re-runs the main script, '<stdin>' is no file, and the
-    start failed after 30 lines of "Nanny failed to start"."""
-    import multiprocessing.process
-    import sys
-
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path is None or getattr(main, "__spec__", None) is not None or getattr(sys, "frozen",
-                                                                              False):
-        return  # (an interactive session, -c, a notebook, -m or a frozen app: no path re-run)
-    origin = multiprocessing.process.ORIGINAL_DIR
-    if not os.path.isfile(os.path.join(origin or "", path)):
-        raise RuntimeError(
-            f"dkernel's local cluster starts worker processes, which first re-run the main "
-            f"script, and {path!r} is not a file (a program read from standard input?): save "
-            "it to a file and run that, or pass client=distributed.Client(processes=False)")
 
 
 class _Cluster(LocalCluster):
