@@ -20,19 +20,48 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
+import inspect
 import io
 import json
 import os
 import tempfile
 import uuid
 import zipfile
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import numpy as np
 
 FORMAT = "dkernel-npz"
 FORMAT_VERSION = 1
+
+
+def user_path(path: str | os.PathLike) -> str:
+    """``path`` as a string, a leading ``~`` expanded to the home folder as a
+    shell would (a URL is kept as given).  ``model.save("~/m.npz")`` made a
+    folder named "~" in the working folder: only the shell expanded it."""
+    path = os.fspath(path)
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def expands_user(*names: str) -> Callable:
+    """Decorate a public function so that its path arguments ``names`` go
+    through :func:`user_path` (None and URLs stay as given)."""
+    def wrap(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            for name in names:
+                value = bound.arguments.get(name)
+                if isinstance(value, (str, os.PathLike)):
+                    bound.arguments[name] = user_path(value)
+            return fn(*bound.args, **bound.kwargs)
+        return call
+    return wrap
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -83,7 +112,7 @@ def require_protocol(path: str | os.PathLike) -> None:
 
 def file_exists(path: str | os.PathLike) -> bool:
     """Whether a model / checkpoint file exists at a local path or URL."""
-    path = os.fspath(path)
+    path = user_path(path)
     if is_url(path):
         fs, key = url_fs(path)
         fs.invalidate_cache()  # another process may have written or removed it
@@ -96,7 +125,7 @@ def remove_file(path: str | os.PathLike) -> None:
     the temporary files of its writes that a killed process left beside it
     (``.tmp-<random>-NAME``, :func:`write_npz_atomic`): a fit killed during a
     checkpoint's upload left one in the bucket for good."""
-    path = os.fspath(path)
+    path = user_path(path)
     if is_url(path):
         fs, key = url_fs(path)
         if file_exists(path):
@@ -152,7 +181,7 @@ def write_npz_atomic(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     known good, then the new one.  (A bucket has no rename; the copy is the
     commit.)
     """
-    path = os.fspath(path)
+    path = user_path(path)
     if not is_url(path) and os.path.isdir(path):  # (the rename's error named the temp file)
         raise IsADirectoryError(f"{path!r} is a folder; give a file path such as "
                                 f"{os.path.join(path, 'model.npz')!r}")
@@ -260,7 +289,7 @@ def read_npz_meta(path: str | os.PathLike) -> dict:
 def read_npz_shapes(path: str | os.PathLike) -> dict[str, tuple[tuple, str]]:
     """``{array: (shape, dtype)}`` of a file written by :func:`write_npz_atomic`,
     from each member's header: nothing is unpacked (``dkernel info``)."""
-    path = os.fspath(path)
+    path = user_path(path)
     read_npz_meta(path)  # (the checks: a dkernel file, not a newer format)
     with contextlib.ExitStack() as stack:
         if is_url(path):
@@ -305,7 +334,7 @@ def _check_inflation(source: Any, path: str) -> None:
 
 
 def _read_npz(path: str | os.PathLike, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:
-    path = os.fspath(path)
+    path = user_path(path)
     if not file_exists(path):
         raise FileNotFoundError(f"no model or checkpoint file at {path!r}")
     with contextlib.ExitStack() as stack:

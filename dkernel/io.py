@@ -19,7 +19,7 @@ import dkernel.estimators  # noqa: F401  (defining the classes registers their n
 from dkernel.estimators.model_file import estimator_class, write_model
 
 # the file primitives, importable from here as before they moved to dkernel.files
-from dkernel.files import file_exists, is_url, read_npz, remove_file, write_npz_atomic
+from dkernel.files import expands_user, file_exists, is_url, read_npz, remove_file, write_npz_atomic
 
 __all__ = ["load_model", "save_model", "file_exists", "is_url", "read_npz", "remove_file",
            "write_npz_atomic"]
@@ -30,11 +30,13 @@ __all__ = ["load_model", "save_model", "file_exists", "is_url", "read_npz", "rem
 _NOT_RESTORED = ("checkpoint", "checkpoint_every", "resume")
 
 
+@expands_user("path")
 def save_model(estimator: Any, path: str | os.PathLike) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically."""
     write_model(estimator, path)
 
 
+@expands_user("path")
 def load_model(path: str | os.PathLike) -> Any:
     """Load an estimator saved with :func:`save_model`.
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.estimators.history import BOOKKEEPING
+from dkernel.files import expands_user
 
 #: Per-epoch objectives of the component models, as axis labels.
 _OBJECTIVES = {
@@ -233,6 +234,7 @@ def spectrum(model: Any, ax: Any = None) -> Any:
     return ax
 
 
+@expands_user("path")
 def plot_model(model: Any, path: str | os.PathLike | None = None, *, dpi: int = 100) -> Any:
     """The learning curve and, where the model has one, the spectrum side by
     side; written to ``path`` (PNG, or any format matplotlib knows by the

@@ -19,7 +19,7 @@ from dkernel.data.validate import (
     check_numeric_dtype,
     memory_root,
 )
-from dkernel.files import require_protocol
+from dkernel.files import require_protocol, user_path
 
 # Default row-chunk size for in-memory input: ~32 MB per chunk keeps tasks
 # coarse enough to amortise scheduling yet far below worker memory.
@@ -454,7 +454,7 @@ def open_dataset(X: Any, y: Any = None, *, require_y: bool = False, chunk_rows: 
     source = "array"
     store = None
     if isinstance(X, (str, os.PathLike)):
-        source = os.fspath(X)
+        source = user_path(X)
         group = _open_zarr_group(source, storage_options)
         if "X" not in group:
             raise ValueError(f"store {source!r} has no array 'X' (found: {sorted(group.keys())})")

@@ -30,7 +30,7 @@ from dkernel.data.validate import (
     check_positive,
     memory_root,
 )
-from dkernel.files import local_target, url_fs
+from dkernel.files import expands_user, local_target, url_fs
 
 DEFAULT_CHUNK_ROWS = 8192
 #: Ingest chunks hold at most this many bytes of X (as in dkernel.data.dataset)
@@ -254,6 +254,7 @@ def create_array(group: Any, name: str, shape: tuple, dtype: Any, chunk_rows: in
                               config={"write_empty_chunks": True})
 
 
+@expands_user("path")
 def write_store(path: str | os.PathLike, X: Any, y: Any = None, *,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS, overwrite: bool = False,
                 attrs: dict | None = None) -> str:

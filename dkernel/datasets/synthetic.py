@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from dkernel.files import expands_user
+
 
 def make_dai_ridge(n: int, d: int = 2, noise: float = 0.1, random_state: int = 0,
                    dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +53,7 @@ def _write_chunk(target: str, i: int, start: int, rows: int, d: int, kind: str,
     return X.nbytes + y.nbytes
 
 
+@expands_user("path")
 def make_store(path: str | os.PathLike, n: int, d: int = 10, *, chunk_rows: int = 4096,
                kind: str = "classification", random_state: int = 0, overwrite: bool = False,
                client: Any = None, progress: bool = False) -> str:

@@ -16,6 +16,7 @@ from dkernel.files import (
     file_exists,
     read_npz,
     read_npz_meta,
+    user_path,
     write_npz_atomic,
 )
 
@@ -168,7 +169,7 @@ class Checkpointer:
     """Writes ``state`` every ``every`` steps to ``path``; reads it back on resume."""
 
     def __init__(self, path: str | os.PathLike | None, every: int, fingerprint: dict) -> None:
-        self.path = None if path is None else os.fspath(path)
+        self.path = None if path is None else user_path(path)
         self.every = int(every or 0)
         self.fingerprint = fingerprint
         why = self.path is not None and file_exists(self.path) and not_a_checkpoint(self.path)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dkernel.engine.checkpoint import writer_versions
-from dkernel.files import write_npz_atomic
+from dkernel.files import expands_user, write_npz_atomic
 
 _CLASSES: dict[str, type] = {}
 
@@ -45,6 +45,7 @@ def estimator_class(name: str) -> type | None:
     return _CLASSES.get(name)
 
 
+@expands_user("path")
 def write_model(estimator: Any, path: str | os.PathLike, *, exclusive: bool = False) -> None:
     """Save a fitted estimator to ``path`` (a ``.npz`` file), atomically;
     ``exclusive``: fail rather than replace a file there (the CLI without

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# first_nonfinite, cast_finite and is_gzip: importable from here as before the split
 from dkernel.data.ingest.common import (  # noqa: F401
     IngestError,
     PathLike,
@@ -35,6 +34,9 @@ from dkernel.data.ingest.idx import FASHION_MNIST_DIR, ingest_fashion_mnist, ing
 from dkernel.data.ingest.libsvm import ingest_libsvm, ingest_libsvm_parallel
 from dkernel.data.ingest.npy import ingest_npy
 from dkernel.data.ingest.parquet import ingest_parquet
+
+# first_nonfinite, cast_finite and is_gzip: importable from here as before the split
+from dkernel.files import expands_user
 
 __all__ = [
     "FASHION_MNIST_DIR", "FORMATS", "IngestError", "guess_format", "ingest", "ingest_csv",
@@ -68,6 +70,7 @@ def guess_format(path: PathLike) -> str:
                       f"pass --format (one of {', '.join(FORMATS)})")
 
 
+@expands_user("path", "out")
 def ingest(path: PathLike, out: PathLike, format: str | None = None,
            **options: Any) -> str:
     """Ingest one file into a dataset store, choosing the reader by ``format``.

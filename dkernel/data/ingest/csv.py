@@ -33,12 +33,14 @@ from dkernel.data.ingest.common import (
 from dkernel.data.ingest.parallel import as_dtype, gather_counted, on_cluster, table_columns
 from dkernel.data.ingest.writer import Source, label_dtype, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
+from dkernel.files import expands_user
 
 # A CSV partition is one byte range of the file; 64 MB keeps tasks coarse
 # (scheduling costs ~ms) yet each worker's memory at a few hundred MB.
 _CSV_BLOCK = 64 * 2**20
 
 
+@expands_user("path", "out")
 @store_params
 def ingest_csv(path: PathLike, out: PathLike, *, target: int | str | None = -1,
                header: bool | None = None, delimiter: str | None = "auto", dtype: Any = "float32",
@@ -219,6 +221,7 @@ def _numbered_lines(path: PathLike, f: IO[str]) -> Iterator[tuple[int, str]]:
         raise IngestError(f"{os.fspath(path)}: cannot read past line {lineno}: {exc}") from None
 
 
+@expands_user("path", "out")
 def ingest_csv_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                         target: int | str | None = -1, header: bool | None = None,
                         delimiter: str | None = "auto", dtype: Any = "float32",

@@ -18,6 +18,7 @@ import numpy as np
 from dkernel.data.ingest.common import IngestError, PathLike, open_bytes, store_params
 from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out
+from dkernel.files import expands_user
 
 #: Where ``apt-get install dataset-fashion-mnist`` puts the idx files.
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -28,6 +29,7 @@ _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
+@expands_user("path", "out", "labels")
 @store_params
 def ingest_idx(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
                scale: bool = True, dtype: Any = "float32", chunk_rows: int | None = None,
@@ -58,6 +60,7 @@ def ingest_idx(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
     return os.fspath(out)
 
 
+@expands_user("out", "source")
 def ingest_fashion_mnist(out: PathLike, source: PathLike | None = None, *,
                          chunk_rows: int | None = None, overwrite: bool = False,
                          progress: Any = None) -> str:

@@ -30,6 +30,7 @@ from dkernel.data.ingest.parallel import gather_counted, on_cluster
 from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out, default_chunk_rows, write_arrays
 from dkernel.data.validate import check_positive
+from dkernel.files import expands_user
 
 if TYPE_CHECKING:  # imported where used: the CLI imports this module to list the formats
     import scipy.sparse
@@ -243,6 +244,7 @@ def width(path: str, scans: list[tuple[int, int]], n_features: int | None,
 _WIDEST = 1 << 24
 
 
+@expands_user("path", "out")
 @store_params
 def ingest_libsvm(path: PathLike, out: PathLike, *, n_features: int | None = None,
                   zero_based: bool = False, dtype: Any = "float32", y_dtype: Any = "float64",
@@ -316,6 +318,7 @@ def _libsvm_source(path: PathLike, n_features: int | None, zero_based: bool,
                   position=lambda: read[0] // 2**20 if read[0] < size else -(-size // 2**20))
 
 
+@expands_user("path", "out")
 def ingest_libsvm_parallel(path: str | os.PathLike, out: str | os.PathLike, *,
                            n_features: int | None = None, zero_based: bool = False,
                            dtype: Any = "float32", y_dtype: Any = "float64",

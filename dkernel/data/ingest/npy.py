@@ -12,8 +12,10 @@ from dkernel.data.ingest.common import IngestError, PathLike, store_params
 from dkernel.data.ingest.writer import Source, write_stores
 from dkernel.data.store import check_out
 from dkernel.data.validate import check_numeric_dtype
+from dkernel.files import expands_user
 
 
+@expands_user("path", "out", "labels")
 @store_params
 def ingest_npy(path: PathLike, out: PathLike, labels: PathLike | None = None, *,
                dtype: Any = "float32", chunk_rows: int | None = None,

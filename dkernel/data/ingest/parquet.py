@@ -28,11 +28,13 @@ from dkernel.data.store import (
     require_shared,
     run_writes,
 )
+from dkernel.files import expands_user
 
 #: Bytes of ``X`` one task reads and writes.
 _PARQUET_BLOCK = 64 * 2**20
 
 
+@expands_user("path", "out")
 def ingest_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
                    target: int | str | None = -1, dtype: Any = "float32",
                    chunk_rows: int | None = None, overwrite: bool = False,
