@@ -342,6 +342,28 @@ def test_columns_float32_cannot_resolve_are_warned_about(client):
                                client=client).fit(X + 1e8, y)
 
 
+def test_a_column_constant_but_for_float64_rounding_is_not_warned_about():
+    # digits after StandardScaler: a column constant in the 1000-row sample kept a
+    # std of 1e-17 from the scaler's rounding, and the fit advised subtracting the
+    # column means the scaler had just subtracted
+    import warnings
+
+    from dkernel.estimators.fitting import warn_if_float32_loses
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 3))
+    X[:, 2] = -0.0273
+    X[:, 2] = (X[:, 2] - X[:, 2].mean()) + X[:, 2].mean()
+    X[0, 2] = np.nextafter(X[0, 2], 0.0)  # (a spread of float64 rounding, not 0)
+    assert 0 < X[:, 2].std() < 1e-16
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "column .* of X sits at")
+        warn_if_float32_loses(X)
+    X[:, 1] += 1e8  # and a column float32 does lose is still named
+    with pytest.warns(UserWarning, match=r"column 1 of X sits at 1e\+08"):
+        warn_if_float32_loses(X)
+
+
 @pytest.mark.parametrize("make", [
     lambda c: DSGRegressor(n_features=128, n_epochs=1, batch_size=10**5, client=c),
     lambda c: DSGRegressor(n_features=128, n_epochs=1, batch_size=10**5, preconditioner=None,

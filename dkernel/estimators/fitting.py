@@ -288,8 +288,13 @@ def warn_if_float32_loses(sample: np.ndarray) -> None:
     if sample.shape[0] < 2:
         return
     center, spread = np.abs(sample.mean(axis=0)), sample.std(axis=0)
-    gap = np.abs(sample).max(axis=0) * 2.0**-23  # float32's spacing at the column's values
-    lost = np.flatnonzero((spread > 0) & (gap > 0.01 * spread))
+    top = np.abs(sample).max(axis=0)
+    gap = top * 2.0**-23  # float32's spacing at the column's values
+    # a spread within float64's rounding of the values is a constant column (one
+    # StandardScaler made constant in the sample, std 1e-17): float32 loses nothing
+    # of it, and the advice to subtract the means came after the user had
+    varies = spread > top * 2.0**-40
+    lost = np.flatnonzero(varies & (gap > 0.01 * spread))
     if lost.size:
         j = int(lost[np.argmax(gap[lost] / spread[lost])])
         warnings.warn(
