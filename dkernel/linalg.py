@@ -62,6 +62,10 @@ class Eigensystem:
     #: max_i |T_i|^2 over the rows of T (``gram`` only; about the mean with
     #: ``center``): beta of the EigenPro step size.
     row_norm_max: float | None = None
+    #: (n, k) the eigenvectors w of the order-n T T^T / n (:func:`wide_gram_eigensystem`
+    #: only): orthonormal where ``vectors``' T^T w / |T^T w| are not once lambda is
+    #: at rounding level, so sums over the rows (the GP amplitude) read them instead.
+    gram_vectors: np.ndarray | None = None
 
 
 def top_eigh(A: np.ndarray, k: int, dtype: str = "float64") -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +239,7 @@ def wide_gram_eigensystem(T: np.ndarray, k: int, center: bool, dtype: str) -> Ei
     w, W = top_eigh(T @ T.T / n, min(k, n), dtype)
     V = T.T.astype(np.float64, copy=False) @ W
     V /= np.maximum(np.linalg.norm(V, axis=0), np.finfo(np.float64).tiny)
-    return Eigensystem(np.maximum(w, 0.0), V, "dense", norm)
+    return Eigensystem(np.maximum(w, 0.0), V, "dense", norm, W)
 
 
 def randomized_eigensystem(engine: Any, data: Any, block: BlockFn, params: Any, k: int,

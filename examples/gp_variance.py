@@ -5,8 +5,9 @@ Gaussian-process posterior variance
 Kernel ridge regression is the posterior mean of a Gaussian process; with
 ``posterior_variance=True``, :class:`dkernel.DSGRegressor` also keeps what
 the posterior variance needs, and ``predict(X, return_std=True)`` returns
-the mean and the posterior standard deviation of f(x).  The noise variance
-is sigma^2 = n * alpha.
+the mean and the posterior standard deviation of f(x), in y's units.  The
+prior is f ~ GP(0, s^2 k) with s^2 estimated from y (``gp_amplitude_``) and
+the noise variance is sigma^2 = n * alpha * s^2.
 
 One-dimensional data with a gap: the band widens where there are no rows.
 scikit-learn's exact ``GaussianProcessRegressor`` with the same kernel and
@@ -36,7 +37,7 @@ if __name__ == "__main__":
     y = np.sin(2 * x) + NOISE * rng.standard_normal(n)
     X = x[:, None].astype(np.float32)
     grid = np.linspace(-5, 5, 300, dtype=np.float32)[:, None]
-    alpha = NOISE ** 2 / n  # sigma^2 = n * alpha
+    alpha = NOISE ** 2 / n  # the noise-to-signal ratio sigma^2 / s^2 = n * alpha, at s = 1
 
     with connect() as client:
         gp = DSGRegressor(alpha=alpha, posterior_variance=True, bandwidth=BANDWIDTH,
@@ -44,9 +45,12 @@ if __name__ == "__main__":
                           client=client).fit(X, y)
         mean, std = (np.asarray(a) for a in gp.predict(grid, return_std=True))
 
-    # the exact GP on a sample of the rows (it is O(n^3))
+    # the exact GP on a sample of the rows (it is O(n^3)), with the amplitude s^2
+    # DSGRegressor estimated: its prior s^2 k and noise n * alpha * s^2
     m = size(2000, 500)
-    exact = GaussianProcessRegressor(RBF(BANDWIDTH), alpha=NOISE ** 2, optimizer=None)
+    s2 = gp.gp_amplitude_
+    print(f"prior amplitude s^2 estimated from y: {s2:.3f}")
+    exact = GaussianProcessRegressor(s2 * RBF(BANDWIDTH), alpha=NOISE ** 2 * s2, optimizer=None)
     exact.fit(X[:: n // m], y[:: n // m])
     mean_exact, std_exact = exact.predict(grid, return_std=True)
 

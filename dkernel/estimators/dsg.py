@@ -351,6 +351,10 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
     coef_ : ndarray (n_features_, n_outputs)
     bandwidth_ : float
     n_features_in_ : int
+    gp_amplitude_ : float or ndarray (n_outputs,)
+        With ``posterior_variance=True``: s^2, the maximum-likelihood amplitude of the
+        prior f ~ GP(0, s^2 k) in y's units squared, one per output for a 2-D y
+        (:meth:`predict`).
 {_DOC_ATTRIBUTES}
     Examples
     --------
@@ -385,24 +389,28 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
             gp.check_pool_size(int(self.n_features))
 
     def _after_fit(self, data: Dataset, engine: Engine) -> None:
-        if hasattr(self, "gp_factor_"):
-            del self.gp_factor_
+        for name in ("gp_factor_", "gp_amplitude_"):
+            if hasattr(self, name):
+                delattr(self, name)
         if self.posterior_variance:
             # Dai et al. App. D on the fitted pool: C = Z^T Z / n over every row, summed
             # on the workers from the blocks the fit cached (module dkernel.solvers.gp);
-            # the fit's engine reads them as their owner
+            # the fit's engine reads them as their owner.  The same pass sums what the
+            # prior's amplitude needs from the target the mean was fitted on
             payload = {"features": self.features_, "n_blocks": self._n_blocks(),
-                       "cache": self.feature_cache_}
+                       "cache": self.feature_cache_, "encoding": self.encoding_}
             if data.n_rows < self.coef_.shape[0]:  # fewer rows than features: Phi itself
                 total = engine.map_reduce(data, gp.rows_partial, payload, label="gp-variance",
                                           wants_chunk=True)
-                self.gp_factor_ = gp.posterior_factor_from_rows(np.concatenate(total["rows"]),
-                                                                float(self.alpha))
-                return
-            total = engine.map_reduce(data, gp.covariance_partial, payload, label="gp-variance",
-                                      wants_chunk=True)
-            self.gp_factor_ = gp.posterior_factor(total["gram"], int(total["count"]),
-                                                  float(self.alpha))
+                factor, s2 = gp.posterior_from_rows(np.concatenate(total["rows"]),
+                                                    np.concatenate(total["y"]), float(self.alpha))
+            else:
+                total = engine.map_reduce(data, gp.covariance_partial, payload,
+                                          label="gp-variance", wants_chunk=True)
+                factor, s2 = gp.posterior(total["gram"], int(total["count"]), float(self.alpha),
+                                          total["Phity"], total["yty"])
+            self.gp_factor_ = factor
+            self.gp_amplitude_ = _amplitude_attribute(s2)
 
     def _n_blocks(self) -> int:
         return self.coef_.shape[0] // self.features_.block_size
@@ -430,12 +438,17 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
         dask array for dask input.
 
         With ``return_std=True`` (a model fitted with ``posterior_variance=True``)
-        also the posterior standard deviation of the latent f ~ GP(0, k) at X,
-        shape (n,), with noise variance sigma^2 = n_samples * alpha (Dai et al.
-        section 4, App. D; :mod:`dkernel.solvers.gp`).  It is in units of the
-        kernel's prior variance k(x, x) = 1 (scikit-learn's
-        ``GaussianProcessRegressor(kernel=RBF(bandwidth), alpha=sigma^2)``
-        returns the same), not of y.
+        also the posterior standard deviation of the latent f at X, in y's
+        units: shape (n,), or (n, n_outputs) for a 2-D y fitted with more than
+        one column (scikit-learn's ``GaussianProcessRegressor`` shapes).  The
+        prior is f ~ GP(0, s^2 k) with noise variance sigma^2 = n_samples *
+        alpha * s^2 (Dai et al. section 4, App. D; :mod:`dkernel.solvers.gp`),
+        and ``gp_amplitude_`` is s^2, its maximum-likelihood value from y at
+        that noise-to-signal ratio (Rasmussen & Williams 2006, eq. 2.30): the
+        std is s times that of scikit-learn's
+        ``GaussianProcessRegressor(kernel=RBF(bandwidth), alpha=n_samples * alpha)``.
+        Model files saved before the amplitude was estimated load with
+        ``gp_amplitude_ = 1.0``, the unit prior they were fitted with.
         """
         X = self._validated(X)
         mean = self._mean(X)
@@ -447,18 +460,29 @@ class DSGRegressor(RegressorOutputs, RegressorMixin, _DSGBase):
         features, n_blocks, factor = self.features_, self._n_blocks(), self.gp_factor_
         var = apply_rows(lambda Xb: gp.posterior_variance(features, n_blocks, factor, Xb), X, None,
                          np.dtype(np.float64))
-        return mean, (da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var))
+        std = da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var)
+        s = np.sqrt(getattr(self, "gp_amplitude_", 1.0))
+        return mean, (std * s if s.ndim == 0 else std[:, None] * s)
 
     def _get_model_state(self) -> tuple[dict, dict]:
         arrays, meta = super()._get_model_state()
         if hasattr(self, "gp_factor_"):
             arrays["gp_factor"] = self.gp_factor_
+            arrays["gp_amplitude"] = np.atleast_1d(np.asarray(self.gp_amplitude_, np.float64))
         return arrays, meta
 
     def _set_model_state(self, arrays: dict, meta: dict) -> None:
         super()._set_model_state(arrays, meta)
         if "gp_factor" in arrays:  # (files of the float32 order-n path: not orthogonal)
             self.gp_factor_ = gp.orthonormal(arrays["gp_factor"])
+            # (files written before the amplitude was estimated: the unit prior they had)
+            self.gp_amplitude_ = _amplitude_attribute(arrays.get("gp_amplitude", np.ones(1)))
+
+
+def _amplitude_attribute(s2: np.ndarray) -> float | np.ndarray:
+    """``gp_amplitude_``: a float for one output, else one per output (the std's columns)."""
+    s2 = np.atleast_1d(np.asarray(s2, dtype=np.float64))
+    return float(s2[0]) if s2.size == 1 else s2
 
 
 @documented

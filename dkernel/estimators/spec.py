@@ -240,7 +240,8 @@ _DSG_REGRESSOR = (
         Also fit the Gaussian-process posterior variance (Dai et al. App. D),
         for ``predict(X, return_std=True)``: one more pass and a
         n_features x n_features eigendecomposition (n_features <= 8192).
-        Squared loss only (the GP mean)."""))
+        The prior's amplitude is estimated from y (``gp_amplitude_``), so the
+        std is in y's units.  Squared loss only (the GP mean)."""))
 
 # EigenPro ------------------------------------------------------------------------------
 _EIGENPRO = (
