@@ -212,3 +212,23 @@ def test_random_state_reaches_the_feature_seeds(client):
             for s in (1, 2))
     assert (a.features_.random_state, b.features_.random_state) == (1, 2)
     assert a.features_.weights_digest() != b.features_.weights_digest()
+
+
+def test_the_pools_error_against_the_kernel_falls_with_the_pool_and_grows_as_it_narrows():
+    # the fit's check of its random features (FitContext.feature_map): at a quarter
+    # of the median heuristic every random-feature model of the quality matrix
+    # missed the exact kernel's, and the pool's Gram measured several times the
+    # error it does at the median
+    from dkernel.features import pool_error
+    from dkernel.kernels import median_heuristic
+
+    S = np.random.default_rng(1).normal(size=(300, 5))
+    median = median_heuristic(S, "gaussian")
+    err = {(D, r): pool_error(FeatureMap("gaussian", r * median, 5, 256, 0), D // 256, S, 0)
+           for D in (1024, 4096, 16384) for r in (1.0, 0.25)}
+    assert err[4096, 1.0] < 0.05 < 0.13 < err[4096, 0.25], err
+    assert err[4096, 0.25] > 4 * err[4096, 1.0], err
+    # a Monte-Carlo error: a pool 4x larger halves it (past 4096 features by that rule)
+    assert 1.5 < err[1024, 0.25] / err[4096, 0.25] < 3, err
+    assert err[16384, 0.25] == pytest.approx(err[4096, 0.25] / 2)
+    assert pool_error(FeatureMap("gaussian", median, 5, 256, 0), 4, S[:20], 0) is None

@@ -404,7 +404,49 @@ def test_a_bandwidth_far_below_the_rows_spacing_is_warned_about_on_random_featur
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         EigenProRegressor(n_epochs=1, bandwidth=0.015, client=client).fit(X, y)  # kernel form
-        DSGRegressor(n_features=128, n_epochs=1, bandwidth=0.5, client=client).fit(X, y)
+        # (0.33x the median heuristic: 128 features' Gram missed the kernel's by 0.48 of
+        # its norm, which the pool check warns about; 1024 features, 0.11)
+        DSGRegressor(n_features=1024, n_epochs=1, bandwidth=0.5, client=client).fit(X, y)
+
+
+def test_a_pool_too_small_for_a_narrow_bandwidth_is_warned_about_with_the_pool_that_suffices(
+        client):
+    # at a quarter of the median heuristic every random-feature model of the
+    # quality matrix missed the exact kernel's without a word (DSGRegressor R^2
+    # 0.624 against 0.766, KernelPCA sin^2 0.123, DSGOneClassSVM AUC 0.796
+    # against 1.000): the pool's Gram is checked against the kernel on the sample
+    import re
+    import warnings
+
+    from dkernel.kernels import median_heuristic
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 5))
+    y = np.sin(X[:, 0])
+    narrow = 0.25 * median_heuristic(X, "gaussian")  # (the sample is every row)
+    kw = dict(n_features=1024, bandwidth=narrow, random_state=0, client=client)
+    pattern = (r"bandwidth=\S+ is 0.2\dx the median heuristic of the rows .*: the 1024 random "
+               r"features' Gram misses the exact kernel's by (0\.\d+) .* use n_features >= "
+               r"(\d+) .* a wider bandwidth, or the kernel form")
+    for make in (lambda: DSGRegressor(n_epochs=1, **kw),
+                 lambda: EigenProRegressor(n_epochs=1, **kw),
+                 lambda: KernelPCA(n_components=2, **kw),
+                 lambda: DSGOneClassSVM(n_epochs=1, **kw)):
+        with pytest.warns(UserWarning, match=pattern) as caught:
+            model = make().fit(X, y)
+        said = next(re.search(pattern, str(w.message)) for w in caught
+                    if re.search(pattern, str(w.message)))
+        assert float(said.group(1)) == pytest.approx(model.feature_error_, abs=0.01)
+        assert model.feature_error_ > 0.13
+    need = int(said.group(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        # the pool it names measures under the bar; "auto" (the median heuristic) is
+        # measured and recorded, not warned about, at the pool that warned
+        assert DSGRegressor(n_epochs=1, **{**kw, "n_features": need}).fit(X, y).feature_error_ \
+            < 0.13
+        wide = DSGRegressor(n_epochs=1, **{**kw, "bandwidth": "auto"}).fit(X, y)
+        assert 0 < wide.feature_error_ < 0.05
 
 
 def test_a_classifier_on_an_id_like_or_continuous_dask_target_is_refused_from_capped_labels(

@@ -43,6 +43,12 @@ class DSGDensityRatio(PoolEstimator):
         Sizes of the two samples.
     lanes_, batch_size_, local_steps_ : int
         The resolved widths (the model depends on them; saved with it).
+    feature_error_ : float
+        How far the Gram matrix of the random-feature pool is from the exact
+        kernel's on up to 256 rows of the fit's sample: the spectral norm of
+        their difference over the kernel's (``dkernel.features.pool_error``).
+        At a bandwidth under the median heuristic, more than 0.13 is warned
+        about with the n_features that would suffice.
     """
 
     def __init__(self, *, alpha: float = 1e-3, kernel: str = "gaussian",

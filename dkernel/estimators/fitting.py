@@ -27,7 +27,7 @@ from dkernel.engine.progress import phase
 from dkernel.estimators.base import resolve_random_state, validate_fit_input
 from dkernel.estimators.history import EpochMonitor, split_validation
 from dkernel.estimators.sampling import _BANDWIDTH_SAMPLE, resolve_bandwidth, sample_rows
-from dkernel.features import FeatureMap
+from dkernel.features import FeatureMap, pool_error
 from dkernel.kernels import median_heuristic
 
 #: A bandwidth under this fraction of the median heuristic puts the kernel of
@@ -35,6 +35,19 @@ from dkernel.kernels import median_heuristic
 #: the training rows, and a random-feature model of it noise (0.01x: held-out
 #: R^2 -1.35 for EigenPro-RF, -0.52 for DSG, where kernel ridge gets -0.007).
 _NARROW = 0.05
+
+#: Above this relative spectral error of the pool's Gram against the exact
+#: kernel (:func:`~dkernel.features.pool_error`, on the fit's sample), at a
+#: bandwidth under the median heuristic, the fit warns.  On the quality
+#: matrix's data (3 sample seeds each) the random-feature cells at 0.25x the
+#: median heuristic, all missing the exact kernel's models, measured 0.17-0.48
+#: at their default pools; every cell that passed, 0.044 at most; 16384
+#: features at 0.25x, which passed most of those cells on earlier data,
+#: 0.08-0.11 (0.16 for DSGDensityRatio, which they did not pass).
+_POOL_ERROR = 0.13
+#: the n_features the warning suggests is the pool that brings the measured
+#: error down to this, by its 1/sqrt(D) Monte-Carlo scaling
+_POOL_TARGET = 0.1
 
 #: id(estimator) -> [the thread fitting it, its depth of nested fit calls]
 _FITTING: dict[int, list] = {}
@@ -108,9 +121,10 @@ class FitContext:
         self.val: Dataset | None = None
         self._stack = ExitStack()
         self._precision_checked = False  # (warn_if_float32_loses: once a fit)
-        #: a given bandwidth -> (its sample, kernel): feature_map compares it with
-        #: the sample's median heuristic (only feature routes pay for that)
-        self._given: dict[float, tuple[np.ndarray, str]] = {}
+        #: a bandwidth -> (its sample, kernel, the median heuristic when "auto" chose
+        #: it): feature_map compares it with the sample's median heuristic and checks
+        #: the pool on the sample (only feature routes pay for that)
+        self._given: dict[float, tuple[np.ndarray, str, float | None]] = {}
 
     def __enter__(self) -> FitContext:
         # (verbose: a line after each 10 s in which no progress line was printed)
@@ -172,21 +186,36 @@ class FitContext:
         est = self.est
         given, kernel = est.bandwidth if bandwidth is None else bandwidth, kernel or est.kernel
         value = resolve_bandwidth(given, kernel, sample)
-        if not isinstance(given, str) and sample is not None and len(sample) > 1:
-            self._given[value] = (sample, kernel)
+        if sample is not None and len(sample) > 1:  # (feature_map checks the pool on it)
+            self._given[value] = (sample, kernel, value if isinstance(given, str) else None)
         return value
 
     def feature_map(self, bandwidth: float, n_inputs: int | None = None, *, kernel: str = "",
                     stream: int = 0, block_size: int | None = None) -> tuple[FeatureMap, int]:
         """(seeded feature map, number of blocks) of ``n_features`` features in
         blocks of ``block_size`` (at most n_features; the pool is rounded up to
-        whole blocks)."""
+        whole blocks).
+
+        On the sample the bandwidth was chosen or checked on, the pool's Gram
+        is compared with the exact kernel's (:func:`~dkernel.features.pool_error`,
+        recorded as ``feature_error_``, the largest of a fit's views); under
+        the median heuristic, an error above ``_POOL_ERROR`` is warned about
+        with the n_features that would bring it to ``_POOL_TARGET``."""
         est = self.est
-        sample, given_kernel = self._given.pop(float(bandwidth), (None, ""))
-        try:
-            median = None if sample is None else median_heuristic(sample, given_kernel)
+        sample, given_kernel, median = self._given.pop(float(bandwidth), (None, "", None))
+        try:  # ("auto" kept the median it is)
+            if median is None and sample is not None:
+                median = median_heuristic(sample, given_kernel)
         except ValueError:  # (identical rows: no scale to compare with)
             median = None
+        B = min(int(block_size or est.block_size), int(est.n_features))
+        features = FeatureMap(kernel or est.kernel, bandwidth,
+                              self.data.n_inputs if n_inputs is None else n_inputs, B,
+                              self.seed, stream=stream)
+        n_blocks = math.ceil(int(est.n_features) / B)
+        error = None if sample is None else pool_error(features, n_blocks, sample, self.seed)
+        if error is not None:
+            est.feature_error_ = max(error, getattr(est, "feature_error_", None) or 0.0)
         if median is not None and bandwidth < _NARROW * median:
             ratio = bandwidth / median
             warnings.warn(
@@ -195,11 +224,20 @@ class FitContext:
                 "the training rows (held-out R^2 -0.5 where the exact kernel predicts the "
                 "mean); widen the bandwidth, or use the kernel form (EigenPro without "
                 "n_features)", UserWarning, stacklevel=user_stacklevel())
-        B = min(int(block_size or est.block_size), int(est.n_features))
-        features = FeatureMap(kernel or est.kernel, bandwidth,
-                              self.data.n_inputs if n_inputs is None else n_inputs, B,
-                              self.seed, stream=stream)
-        return features, math.ceil(int(est.n_features) / B)
+        elif median is not None and bandwidth < median and error is not None and \
+                error > _POOL_ERROR:
+            D = n_blocks * B
+            need = math.ceil(D * (error / _POOL_TARGET) ** 2 / B) * B
+            warnings.warn(
+                f"bandwidth={bandwidth:.4g} is {bandwidth / median:.2g}x the median "
+                f"heuristic of the rows ({median:.4g}): the {D} random features' Gram misses "
+                f"the exact kernel's by {error:.2f} of its norm on the sampled rows "
+                f"(feature_error_), and each model in docs/quality.md whose pool missed it by "
+                f"more than {_POOL_ERROR} fell short of the exact kernel's; use n_features >= "
+                f"{need} (measured to bring it to "
+                f"{_POOL_TARGET}), a wider bandwidth, or the kernel form (EigenPro without "
+                "n_features)", UserWarning, stacklevel=user_stacklevel())
+        return features, n_blocks
 
     # steps -------------------------------------------------------------------------
     def hold_out(self) -> None:
