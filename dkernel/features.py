@@ -248,7 +248,7 @@ def step_eigenvalue(features: FeatureMap, n_blocks: int, sample: Any,
 #: 1/sqrt(D) of a Monte-Carlo error: on the quality matrix's data at 0.25x the
 #: median heuristic 2048 features measured 1.50x the error of 4096, and 1000
 #: rows gave 0.31, 0.22 and 0.11 at 2048, 4096 and 16384 features, all measured)
-_POOL_ROWS = 256
+POOL_ROWS = 256
 _POOL_FEATURES = 4096
 
 
@@ -256,7 +256,7 @@ def pool_error(features: FeatureMap, n_blocks: int, sample: Any, random_state: i
                ) -> float | None:
     """How far the Gram matrix of the pool's D features (blocks
     0..n_blocks-1) is from the exact kernel's on a sample of rows:
-    ||Z Z^T - K||_2 / ||K||_2 on at most ``_POOL_ROWS`` of them (seeded), with
+    ||Z Z^T - K||_2 / ||K||_2 on at most ``POOL_ROWS`` of them (seeded), with
     at most ``_POOL_FEATURES`` features, scaled by sqrt(features used / D).
 
     A Monte-Carlo error: it falls as 1/sqrt(D) and grows as the bandwidth
@@ -267,8 +267,8 @@ def pool_error(features: FeatureMap, n_blocks: int, sample: Any, random_state: i
     S = np.asarray(sample, dtype=np.float64)
     if S.ndim != 2 or S.shape[0] < 32:
         return None
-    if S.shape[0] > _POOL_ROWS:
-        rows = np.random.default_rng(random_state).choice(S.shape[0], _POOL_ROWS,
+    if S.shape[0] > POOL_ROWS:
+        rows = np.random.default_rng(random_state).choice(S.shape[0], POOL_ROWS,
                                                           replace=False)
         S = S[np.sort(rows)]
     B = int(features.block_size)

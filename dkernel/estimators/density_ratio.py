@@ -12,7 +12,7 @@ import numpy as np
 from dkernel.data.dataset import Dataset, open_dataset
 from dkernel.data.validate import check_finite_chunk
 from dkernel.estimators.base import validate_predict_input
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap, step_eigenvalue
@@ -21,7 +21,7 @@ from dkernel.solvers.density_ratio import DensityRatioProgram
 
 @documented
 class DSGDensityRatio(PoolEstimator):
-    __doc__ = """Density ratio r(x) = p(x) / q(x) of two samples, by doubly stochastic
+    __doc__ = f"""Density ratio r(x) = p(x) / q(x) of two samples, by doubly stochastic
     functional gradients on the KL objective (Dai et al. 2014, section 4):
 
         min_f  E_q[exp f] - E_p[f] + alpha/2 |f|^2,   f -> log(p / q).
@@ -43,13 +43,7 @@ class DSGDensityRatio(PoolEstimator):
         Sizes of the two samples.
     lanes_, batch_size_, local_steps_ : int
         The resolved widths (the model depends on them; saved with it).
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``).
-        At a bandwidth under the median heuristic, more than 0.13 is warned
-        about with the n_features that would suffice.
-    """
+{feature_error_doc()}    """
 
     def __init__(self, *, alpha: float = 1e-3, kernel: str = "gaussian",
                  bandwidth: float | str = "auto", n_features: int = 2048, block_size: int = 256,

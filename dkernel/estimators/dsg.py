@@ -17,7 +17,7 @@ from sklearn.utils.metaestimators import available_if
 from dkernel.data.dataset import Dataset
 from dkernel.engine import Engine
 from dkernel.estimators.base import BaseEstimator, apply_rows, warn_many_classes
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.history import (
     history_meta,
     set_history,
@@ -62,19 +62,13 @@ _CURVATURE = {**_STEP_SCALE, "softmax": 2.0}
 _PRECONDITIONER_ROWS = 4000
 _PRECONDITIONER_PAIRS = 513
 
-_DOC_ATTRIBUTES = """    lanes_, batch_size_, step_size_, q_ : int or float
+_DOC_ATTRIBUTES = f"""    lanes_, batch_size_, step_size_, q_ : int or float
         The resolved settings (saved with the model).  ``step_size_`` is a
         list of one per output where the automatic step differs between them
         (DSGRegressor's bounded-gradient losses on columns of different spread).
     step_backoffs_ : list of dict
         Steps the divergence guard undid and halved (empty when none).
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``).
-        At a bandwidth under the median heuristic, more than 0.13 is warned
-        about with the n_features that would suffice.
-    history_ : list of dict
+{feature_error_doc()}    history_ : list of dict
         Per epoch: ``epoch``, ``loss`` (mean loss of the mini-batches, before
         each step), ``steps``, ``rows``, ``seconds`` and, with early stopping,
         ``validation_score``.

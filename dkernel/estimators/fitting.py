@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import textwrap
 import threading
 import warnings
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from dkernel.engine.progress import phase
 from dkernel.estimators.base import resolve_random_state, validate_fit_input
 from dkernel.estimators.history import EpochMonitor, split_validation
 from dkernel.estimators.sampling import _BANDWIDTH_SAMPLE, resolve_bandwidth, sample_rows
-from dkernel.features import FeatureMap, pool_error
+from dkernel.features import POOL_ROWS, FeatureMap, pool_error
 from dkernel.kernels import median_heuristic
 
 #: A bandwidth under this fraction of the median heuristic puts the kernel of
@@ -53,6 +54,19 @@ _POOL_ERROR = 0.13
 #: KernelSVD and DSGOneClassSVM missed even there (a wider bandwidth or the
 #: kernel form then)
 _POOL_TARGET = 0.07
+
+def feature_error_doc(note: str = "") -> str:
+    """The Attributes entry of ``feature_error_``, which every estimator on a
+    random-feature pool records (:meth:`FitContext.feature_map`)."""
+    note = f"; {note}" if note else ""
+    return textwrap.indent(textwrap.fill(
+        "How far the Gram matrix of the random-feature pool is from the exact kernel's on "
+        f"up to {POOL_ROWS} rows of the fit's sample: the spectral norm of their "
+        f"difference over the kernel's (``dkernel.features.pool_error``{note}).  At a "
+        f"bandwidth under the median heuristic, more than {_POOL_ERROR} is warned about "
+        "with the n_features that would suffice.", 70), " " * 8).join(
+            ["    feature_error_ : float\n", "\n"])
+
 
 #: id(estimator) -> [the thread fitting it, its depth of nested fit calls]
 _FITTING: dict[int, list] = {}

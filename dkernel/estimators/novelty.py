@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import OutlierMixin
 
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.pool import PoolEstimator
 from dkernel.estimators.spec import documented
 from dkernel.solvers.novelty import OneClassProgram
@@ -37,7 +37,7 @@ def calibrated_offset(f: np.ndarray, offset: float, nu: float) -> tuple[float, b
 
 @documented
 class DSGOneClassSVM(OutlierMixin, PoolEstimator):
-    __doc__ = """Unsupervised outlier (novelty) detection: the one-class SVM by doubly
+    __doc__ = f"""Unsupervised outlier (novelty) detection: the one-class SVM by doubly
     stochastic functional gradients (Dai et al. 2014, section 4).
 
     Solves min over f and the offset tau of
@@ -71,13 +71,7 @@ class DSGOneClassSVM(OutlierMixin, PoolEstimator):
     lanes_, batch_size_, local_steps_ : int
         The resolved widths (the model depends on them; saved with it).
     bandwidth_ : float
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``).
-        At a bandwidth under the median heuristic, more than 0.13 is warned
-        about with the n_features that would suffice.
-    history_ : list of dict
+{feature_error_doc()}    history_ : list of dict
         Per-epoch mean hinge loss, steps, rows and seconds.
 
     Examples

@@ -16,7 +16,7 @@ from dkernel.estimators.base import (
     validate_predict_input,
 )
 from dkernel.estimators.components.base import check_rows
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.order import warn_if_ordered
 from dkernel.estimators.spec import documented, params_of
@@ -35,7 +35,8 @@ _MAX_PASSES = 16
 
 @documented
 class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
-    """Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song, Wang, Zhang).
+    __doc__ = f"""Streaming kernel PCA: Oja's rule on seeded random features (Deng, Song,
+    Wang, Zhang).
 
     One pass over the chunks in order with O(D k) state; the blocked exact
     update of docs/design.md §2.5 (per-chunk Gram matrices built in parallel on the
@@ -51,13 +52,7 @@ class StreamingKernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         Orthonormal directions in feature space, ordered.
     explained_variance_ : ndarray (n_components,)
         Rayleigh quotients over the second half of the stream.
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``).
-        At a bandwidth under the median heuristic, more than 0.13 is warned
-        about with the n_features that would suffice.
-    history_ : list of dict
+{feature_error_doc()}    history_ : list of dict
         The one pass: ``epoch``, ``rows``, ``seconds`` (including the
         bandwidth sample) and ``variance``, the sum of ``explained_variance_``.
     mean_ : ndarray (n_features_,)

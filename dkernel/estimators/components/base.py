@@ -28,7 +28,7 @@ from dkernel.estimators.base import (
     refuse_eager_output,
     validate_predict_input,
 )
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.params import AUTO
 from dkernel.estimators.scoring import check_same_rows, score_targets
@@ -46,6 +46,9 @@ from dkernel.solvers.components import (
 )
 from dkernel.solvers.dsg import decision
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, default_batch
+
+#: ``feature_error_`` of KernelSVD and KernelCCA, which check both views' pools
+_DOC_TWO_VIEW_ERROR = feature_error_doc("the larger of the two views'")
 
 _DOC_POWER_ATTRIBUTES = """    steps_ : str
         "block", "power" or "exact", as ``steps`` resolved.

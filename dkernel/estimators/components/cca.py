@@ -10,7 +10,7 @@ import numpy as np
 
 from dkernel.engine import Engine
 from dkernel.engine.progress import phase
-from dkernel.estimators.components.base import _TwoViewBase
+from dkernel.estimators.components.base import _DOC_TWO_VIEW_ERROR, _TwoViewBase
 from dkernel.estimators.fitting import FitContext
 from dkernel.estimators.sampling import check_finite_rows, gather_rows, sample_index
 from dkernel.estimators.spec import documented
@@ -30,7 +30,7 @@ _PRECONDITIONER_PAIRS = 128
 
 @documented
 class KernelCCA(_TwoViewBase):
-    __doc__ = """Kernel CCA by doubly stochastic gradients (Xie et al. 2015, Alg. 4).
+    __doc__ = f"""Kernel CCA by doubly stochastic gradients (Xie et al. 2015, Alg. 4).
 
     As in scikit-learn's CCA, ``fit(X, Y)``; ``transform(X, Y)`` returns the
     pair (x_scores, y_scores).  ``canonical_correlations(X, Y)`` measures the
@@ -41,14 +41,7 @@ class KernelCCA(_TwoViewBase):
     x_components_, y_components_ : ndarray (n_features_, n_components)
     correlations_ : ndarray (n_components,)
         Regularised canonical correlations on the training data.
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``;
-        the larger of the two views').  At a bandwidth under the median
-        heuristic, more than 0.13 is warned about with the n_features that
-        would suffice.
-    history_ : list of dict
+{_DOC_TWO_VIEW_ERROR}    history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and
         ``correlation``, the sum of the canonical correlations of the scores
         on the epoch's mini-batches.

@@ -11,7 +11,7 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin
 from dkernel.data.dataset import open_dataset
 from dkernel.estimators.base import refuse_eager_output, validate_predict_input
 from dkernel.estimators.components.base import _DOC_POWER_ATTRIBUTES, _ComponentsBase, _scores
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.spec import documented
 from dkernel.features import FeatureMap
 from dkernel.linalg import column_signs
@@ -44,13 +44,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, _ComponentsBase):
         Variance of each score, the eigenvalue estimates of the covariance operator.
 {_DOC_POWER_ATTRIBUTES}    mean_ : ndarray (n_components,)
         Mean of the raw scores (subtracted by ``transform``; zero if not centred).
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``).
-        At a bandwidth under the median heuristic, more than 0.13 is warned
-        about with the n_features that would suffice.
-    history_ : list of dict
+{feature_error_doc()}    history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``variance``,
         the variance the k scores capture on the epoch's mini-batches.
 

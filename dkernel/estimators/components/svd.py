@@ -7,7 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from dkernel.estimators.components.base import _DOC_POWER_ATTRIBUTES, _TwoViewBase
+from dkernel.estimators.components.base import (
+    _DOC_POWER_ATTRIBUTES,
+    _DOC_TWO_VIEW_ERROR,
+    _TwoViewBase,
+)
 from dkernel.estimators.spec import documented
 
 
@@ -27,14 +31,7 @@ class KernelSVD(_TwoViewBase):
         the data barely excite, so they are not RKHS-orthonormal (see
         :class:`KernelPCA`'s ``components_``).
     singular_values_ : ndarray (n_components,)
-{_DOC_POWER_ATTRIBUTES}    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``;
-        the larger of the two views').  At a bandwidth under the median
-        heuristic, more than 0.13 is warned about with the n_features that
-        would suffice.
-    history_ : list of dict
+{_DOC_POWER_ATTRIBUTES}{_DOC_TWO_VIEW_ERROR}    history_ : list of dict
         Per epoch: ``epoch``, ``steps``, ``rows``, ``seconds`` and ``covariance``,
         the sum of the singular values of the scores' cross-covariance on the
         epoch's mini-batches (block steps keep [U; V] jointly orthonormal,

@@ -25,7 +25,7 @@ from dkernel.estimators.eigenpro.features import (
 from dkernel.estimators.eigenpro.kernel_form import KernelRoute
 from dkernel.estimators.eigenpro.nystrom import _DEFAULT_RIDGE, NystromRoute
 from dkernel.estimators.eigenpro.route import Route, checked_predict_block, predict_block
-from dkernel.estimators.fitting import FitContext, one_fit_at_a_time
+from dkernel.estimators.fitting import FitContext, feature_error_doc, one_fit_at_a_time
 from dkernel.estimators.history import history_meta, set_history
 from dkernel.estimators.sampling import bandwidth_rows
 from dkernel.estimators.spec import documented, params_of
@@ -208,7 +208,7 @@ class _EigenProBase(BaseEstimator):
 
 @documented
 class EigenProRegressor(RegressorOutputs, RegressorMixin, _EigenProBase):
-    """Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
+    __doc__ = f"""Kernel least-squares regression by EigenPro iteration (Ma & Belkin 2017).
 
     Kernel form (default): f(x) = sum_j a_j k(x, c_j), fitted on every training
     row.  When every row is a center (``n_centers`` "auto" and n <= 100 000, or
@@ -241,14 +241,7 @@ class EigenProRegressor(RegressorOutputs, RegressorMixin, _EigenProBase):
     q_, batch_size_, step_size_, critical_batch_, damping_ : chosen SGD settings
         None for the all-rows solve (damping_: also in model files saved
         before it was recorded).
-    feature_error_ : float
-        How far the Gram matrix of the random-feature pool is from the exact
-        kernel's on up to 256 rows of the fit's sample: the spectral norm of
-        their difference over the kernel's (``dkernel.features.pool_error``;
-        the random-feature route only).  At a bandwidth under the median
-        heuristic, more than 0.13 is warned about with the n_features that
-        would suffice.
-    history_ : list of dict
+{feature_error_doc('the random-feature route only')}    history_ : list of dict
         SGD: per epoch ``epoch``, ``loss`` (mean squared residual of the
         mini-batches), ``steps``, ``rows``, ``seconds`` and, with early
         stopping, ``validation_score``.  All-rows solve: per CG iteration the
