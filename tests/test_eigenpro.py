@@ -607,6 +607,56 @@ def test_a_worker_lost_during_the_kernel_row_fill_falls_back_and_fits_the_same_m
     assert model.score(Xt, yt) > 0.95
 
 
+def test_a_home_worker_retired_before_the_kernel_row_fill_falls_back_instead_of_hanging(
+        tmp_path, monkeypatch):
+    # Adaptive retires workers the client's eigensolve leaves idle: the fill's
+    # allocations, pinned to the chunks' homes, then waited in "no-worker" for ever
+    # (a plain gather), and the fit hung without a word
+    import logging
+    import threading
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    from dkernel.data import write_store
+    from dkernel.estimators.eigenpro import kernel_form
+
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1, 1, (1200, 3)).astype(np.float32)
+    y = np.sin(3 * X[:, 0]).astype(np.float32)
+    store = write_store(tmp_path / "s.zarr", X, y, chunk_rows=200)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+        solve = kernel_form.subsample_preconditioner
+
+        def solve_then_retire(*args, **kwargs):  # (the workers idle meanwhile)
+            out = solve(*args, **kwargs)
+            c.retire_workers([sorted(c.nthreads())[0]], close_workers=True)
+            return out
+
+        monkeypatch.setattr(kernel_form, "subsample_preconditioner", solve_then_retire)
+        box: dict = {}
+
+        def fit() -> None:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    box["model"] = EigenProRegressor(
+                        bandwidth=1.0, n_epochs=2, kernel_cache="float32", lanes=2,
+                        client=c).fit(store)
+                except BaseException as exc:  # (reported below)
+                    box["error"] = exc
+            box["warnings"] = [str(w.message) for w in caught]
+
+        runner = threading.Thread(target=fit, daemon=True)
+        runner.start()
+        runner.join(timeout=240)
+        assert not runner.is_alive(), "the fit hung after a home worker was retired"
+    assert "error" not in box, box.get("error")
+    assert any("filled per chunk during epoch 1" in w for w in box["warnings"]), box["warnings"]
+    assert box["model"].score(X, y) > 0.9
+
+
 def test_lazy_predict_sends_large_centers_once_not_inside_the_graph(client, tmp_path):
     # 2700 centers x 1000 inputs = 10.8 MB: embedded, every compute of the lazy
     # prediction sends them through the scheduler (Dask warns past 10 MB)

@@ -24,7 +24,9 @@ coefficients.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -358,6 +360,41 @@ def _pinned(worker: Any) -> dict:
     return {"workers": [worker], "allow_other_workers": False} if worker else {}
 
 
+def _results_at_homes(client: Any, futures: list, needed: set, alive: Callable[[], set]
+                      ) -> list:
+    """The results of ``futures``, tasks pinned to the workers ``needed``; FillLost
+    as soon as one of those is no longer in the cluster.  A pinned task of a
+    worker that left waits in "no-worker" for ever, and the fill's allocations
+    and publications were plain gathers: a worker retired while the client solved
+    the preconditioner (what Adaptive does to a worker left idle) hung the fit
+    with no message."""
+    from dkernel.engine.stall import PauseWatch, wait_on
+
+    pending, watch = set(futures), PauseWatch(client, "the kernel-row fill")
+    while True:
+        if not needed <= alive():
+            client.cancel(list(pending))  # (they would wait in "no-worker")
+            raise FillLost("a worker left the cluster during the kernel-row fill")
+        if not pending:
+            break
+        try:
+            _, pending = wait_on(client, pending, timeout=5, return_when="FIRST_COMPLETED")
+        except TimeoutError:  # nothing finished in 5 s: paused workers are named
+            watch.check(len(pending), [f.key for f in pending])
+    # (each finished; a result lost with its worker since is asked for a bounded time)
+    results = []
+    for fut in futures:
+        try:
+            results.append(fut.result(timeout=_RESULT_SECONDS))
+        except TimeoutError:
+            raise FillLost("a worker left the cluster during the kernel-row fill") from None
+    return results
+
+
+#: Seconds to fetch a finished fill task's small result before its worker counts as lost.
+_RESULT_SECONDS = 60.0
+
+
 def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, keys: list,
                    kernel: str, bandwidth: float, mode: str, owner: Any,
                    progress: bool = False) -> bool:
@@ -393,8 +430,6 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
 
     def alive() -> set:
         return set(workers_info(client))
-    ok = client.gather([client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner,
-                                      pure=False, **place[c]) for c in range(n)])
 
     publishing = False
 
@@ -407,6 +442,15 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
                                        pure=False, priority=priority, **_pinned(h))
                          for h in {h for h in homes if h} & alive()], timeout=timeout)
 
+    needed = {h for h in homes if h}
+    try:
+        ok = _results_at_homes(client, [
+            client.submit(_allocate, keys[c], int(row_chunks[c]), p, mode, owner, pure=False,
+                          **place[c]) for c in range(n)], needed, alive)
+    except BaseException:
+        with contextlib.suppress(Exception):  # (the first error is the news)
+            drop(timeout=5)
+        raise
     if not all(ok):
         drop()
         return False
@@ -435,7 +479,7 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
             puts.append(client.submit(_put_block, B, key, int(off), transpose, pure=False,
                                       priority=1, **place[other]))
             del B
-        pending, needed = set(puts), {h for h in homes if h}
+        pending = set(puts)
         watch = PauseWatch(client, "the kernel-row fill")
         while pending:
             try:
@@ -457,8 +501,10 @@ def symmetric_fill(client: Any, chunks: dict, homes: list, row_chunks: list, key
         for c in range(n):
             by_home.setdefault(homes[c], []).append((keys[c], final[c]))
         publishing = True
-        published = client.gather([client.submit(_publish, todo, pure=False, **_pinned(h))
-                                   for h, todo in by_home.items()])
+        published = _results_at_homes(client, [client.submit(_publish, todo, pure=False,
+                                                             **_pinned(h))
+                                               for h, todo in by_home.items()],
+                                      needed, alive)
         if not all(published):
             raise FillLost("the kernel rows of a chunk were evicted or lost before the "
                            "fill finished")
