@@ -19,7 +19,9 @@ from dkernel.solvers.components import pool_gram, regularized_cca
 from dkernel.solvers.eigenpro_rf import FeaturePreconditioner, feature_preconditioner
 
 #: Pool features used by KernelCCA's "subsample" start: the dense solve costs
-#: O(init_rows D0^2 + D0^3), ~5 s for 8000 rows and D0 = 2048 on two cores.
+#: O(n D0 m + m^3), m = min(n, D0) for n sampled rows (D0 where D0 / 2 < n < D0:
+#: :func:`~dkernel.solvers.subspace.regularized_cca`), ~5 s for 8000 rows and
+#: D0 = 2048 on two cores.
 _INIT_FEATURES = 2048
 #: The seed stream of the start's sampled rows.
 _START_DOMAIN = 0x1417
