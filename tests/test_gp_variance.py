@@ -126,16 +126,20 @@ def test_the_std_at_a_small_alpha_is_the_exact_posteriors_not_zero(client, n_fea
     rng = np.random.default_rng(0)
     X = rng.standard_normal((2000, 2))
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(2000)
+    yc = y - y.mean()
+    products = None  # (the pool is the same at both alphas: its products once)
     for alpha in (1e-6, 1e-8):
         model = DSGRegressor(alpha=alpha, bandwidth=1.0, n_features=n_features, n_epochs=1,
                              posterior_variance=True, random_state=0, client=client).fit(X, y)
         std = model.predict(X[:5], return_std=True)[1]
         nb = model.coef_.shape[0] // model.features_.block_size
-        Phi = np.asarray(model.features_.transform(X, nb), np.float64)
         z = np.asarray(model.features_.transform(X[:5], nb), np.float64)
-        A = np.eye(Phi.shape[1]) + Phi.T @ Phi / (2000 * alpha)
-        yc = y - y.mean()
-        s2 = yc @ np.linalg.solve(Phi @ Phi.T + 2000 * alpha * np.eye(2000), yc) / 2000
+        if products is None:
+            Phi = np.asarray(model.features_.transform(X, nb), np.float64)
+            products = (z, Phi.T @ Phi, Phi @ Phi.T)
+        assert np.array_equal(z, products[0])
+        A = np.eye(n_features) + products[1] / (2000 * alpha)
+        s2 = yc @ np.linalg.solve(products[2] + 2000 * alpha * np.eye(2000), yc) / 2000
         exact = np.sqrt(s2 * np.einsum("ij,ij->i", z, np.linalg.solve(A, z.T).T))
         # measured: equal to 6 digits on both paths at both alphas; the amplitude alone
         # to 1e-5 (the covariance's float32 products) and 1e-8 (the rows')
