@@ -14,7 +14,7 @@ import sys
 import threading
 import warnings
 
-from dkernel.files import AdviceStream, to_devnull
+from dkernel.files import AdviceStream, to_devnull, user_path
 
 # One module per command family; each exposes register(subparsers).
 _COMMANDS = ("ingest", "make_store", "fit", "predict", "info", "plot", "demo")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name, value in vars(args).items():  # "--out=~/m.npz" reaches us unexpanded: it
         if isinstance(value, str) and value.startswith("~/"):  # made a folder named "~"
-            setattr(args, name, os.path.expanduser(value))
+            setattr(args, name, user_path(value))  # (the Python API's rule)
     args.argv = argv  # the spelling of each option given (dkernel fit names aliases as typed)
     in_main = threading.current_thread() is threading.main_thread()
     # (a signal ignored on entry stays ignored: a shell's background job ignores SIGINT)

@@ -55,6 +55,7 @@ _POOL_ERROR = 0.13
 #: kernel form then)
 _POOL_TARGET = 0.07
 
+
 def feature_error_doc(note: str = "") -> str:
     """The Attributes entry of ``feature_error_``, which every estimator on a
     random-feature pool records (:meth:`FitContext.feature_map`)."""

@@ -63,7 +63,12 @@ def covariance_partial(payload: dict, chunk: Chunk) -> dict:
     for the amplitude Phi^T y and y^T y of the fit's target (module docstring)."""
     Phi = _pool_rows(payload, chunk)
     y = _target(payload, chunk)
-    return {"gram": (Phi.T @ Phi).astype(np.float64), "Phity": Phi.T @ y,
+    # (float64 a block of columns at a time: Phi.T @ y upcast all of the chunk's
+    # float32 features, twice their memory at once)
+    B = payload["features"].block_size
+    Phity = np.concatenate([Phi[:, j:j + B].T.astype(np.float64) @ y
+                            for j in range(0, Phi.shape[1], B)])
+    return {"gram": (Phi.T @ Phi).astype(np.float64), "Phity": Phity,
             "yty": (y * y).sum(axis=0), "count": Phi.shape[0]}
 
 
